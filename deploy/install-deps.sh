@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs every Debian package zcrelay's build, tests and benches need. Idempotent: packages
+# already present are left alone, and apt-get update runs once, only when something is missing.
+# Nothing is fetched from anywhere but Debian's archive.
+set -euo pipefail
+
+packages=(
+  # build
+  build-essential cmake pkg-config
+  liburing-dev libyaml-cpp-dev prometheus-cpp-dev libexpected-dev
+  # BPF (sockmap data path): clang -target bpf, bpftool skeletons, libbpf
+  libbpf-dev bpftool clang llvm
+  # tests
+  libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
+  # benches and peers
+  haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat
+)
+
+if [[ $(id -u) -ne 0 ]]; then
+  sudo=sudo
+else
+  sudo=
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+# haproxy, nginx and prometheus are peers the benches start by hand on loopback ports; their
+# packages would otherwise start system services (nginx on :80, prometheus on :9090) at install.
+# policy-rc.d answering 101 is Debian's documented way to say "do not start services now".
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [[ ! -e $policy ]]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod +x "$policy"
+  created_policy=1
+fi
+cleanup() { if ((created_policy)); then $sudo rm -f "$policy"; fi; }
+trap cleanup EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -q
+$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

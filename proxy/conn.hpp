@@ -1,0 +1,97 @@
+#pragma once
+// A relayed connection: a client socket, an upstream socket, and two directions between them.
+//
+// Lifecycle (Conn::state):
+//
+//   Free ──accept──▶ Connecting ──connect ok──▶ Relaying ──both directions Finished──▶ Closing ──▶ Free
+//                        │                         │                                      ▲
+//                        └─connect failed/timeout──┴──reset, error, idle, drain ──────────┘
+//
+//   Connecting  the upstream connect is in flight, bounded by a linked timeout.
+//   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
+//               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
+//               and the other direction keeps flowing: one direction never ends the other.
+//               An RST or error on either socket ends both (the survivor is reset too).
+//   Closing     both fds are being cancelled and closed; the slot waits for every SQE issued for
+//               it to complete (inflight == 0) before it is reused, so no stale CQE can hit a
+//               new connection.
+//
+// Direction d reads fd[d] and writes fd[1 - d]: direction 0 is client -> upstream ("upstream"
+// in metrics), direction 1 is upstream -> client ("downstream").
+//
+// A direction, in either data path, is in one of these waits at any time:
+//   waiting to read   its src has no data: a POLLIN (splice) or a recv (copy) is armed on src;
+//                     the direction holds no pipe and no buffer.
+//   waiting to write  dst's send buffer is full: a POLLOUT (splice) or a send (copy) is armed on
+//                     dst, and a POLLRDHUP watch on src so an RST there is noticed at once.
+//   finished          src sent FIN and all of it reached dst, which was shut down for writing.
+#include <array>
+#include <cstdint>
+
+#include "pipe_pool.hpp"
+#include "reasons.hpp"
+
+namespace zcrelay {
+
+enum class ConnState : uint8_t { Free, Connecting, Relaying, Closing };
+
+enum class DataPath : uint8_t { Splice, Copy };
+
+// Copy path: buffers received on src and not yet fully sent to dst, in order. Bounded: recv is
+// re-armed only while there is room, which is the backpressure.
+struct CopyChunk {
+    uint16_t bid = 0;
+    uint32_t len = 0;
+    uint32_t sent = 0;
+};
+
+struct CopyQueue {
+    static constexpr uint8_t kCapacity = 4;
+    std::array<CopyChunk, kCapacity> items;
+    uint8_t head = 0;
+    uint8_t count = 0;
+
+    bool empty() const { return count == 0; }
+    bool full() const { return count == kCapacity; }
+    CopyChunk& front() { return items[head]; }
+    void push(CopyChunk c) { items[(head + count++) % kCapacity] = c; }
+    void pop() { head = (head + 1) % kCapacity; --count; }
+};
+
+struct Direction {
+    DataPath path = DataPath::Splice;
+    bool eof = false;        // src returned end of stream
+    bool finished = false;   // eof propagated: dst shut down for writing
+    bool poll_in = false;    // POLLIN armed on src
+    bool watch = false;      // POLLRDHUP watch armed on src (while not reading it)
+    bool poll_out = false;   // POLLOUT armed on dst
+    bool recv_armed = false; // copy: a recv on src in flight
+    bool send_armed = false; // copy: a send on dst in flight
+    Pipe pipe;               // splice: held only while bytes are moving
+    uint32_t in_pipe = 0;    // splice: bytes read into the pipe and not yet written out
+    CopyQueue queue;         // copy: buffers in flight
+
+    bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
+};
+
+struct Conn {
+    ConnState state = ConnState::Free;
+    uint8_t listener = 0;          // index into the config's listeners
+    bool counted_active = false;   // accepted and counted, not yet counted as closed
+    uint32_t generation = 0;       // bumped on every reuse of the slot
+    uint32_t inflight = 0;         // SQEs issued for this slot whose CQE has not arrived
+    int fd[2] = {-1, -1};          // [0] client, [1] upstream
+    int64_t last_active_ms = 0;    // monotonic ms of the last byte moved (idle timeout)
+    std::array<Direction, 2> dir;
+    uint32_t next_free = 0;        // free-list link while Free
+
+    bool bothFinished() const { return dir[0].finished && dir[1].finished; }
+};
+
+// Which metric reason an error on direction d's src (read side) or dst (write side) means.
+inline CloseReason resetReason(int dir, bool on_src) {
+    int side = on_src ? dir : 1 - dir;  // 0 = client socket, 1 = upstream socket
+    return side == 0 ? CloseReason::ClientReset : CloseReason::UpstreamReset;
+}
+
+}  // namespace zcrelay

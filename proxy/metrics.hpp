@@ -1,0 +1,67 @@
+#pragma once
+// What the relay counts, and how the counts reach Prometheus.
+//
+// Workers keep plain per-thread counters (WorkerStats): one writer each, so an increment is a
+// relaxed load + store (a plain mov on x86), never a locked instruction or a mutex on the data
+// path. The exposer thread reads them at scrape time through a prometheus-cpp Collectable that
+// sums all workers; a relaxed read may lag a few increments behind, never tears.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/collectable.h>
+
+#include "reasons.hpp"
+
+namespace prometheus { class Exposer; }
+
+namespace zcrelay {
+
+struct Config;
+
+class StatCounter {
+public:
+    void add(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+    void sub(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+    uint64_t get() const { return v_.load(std::memory_order_relaxed); }
+
+private:
+    std::atomic<uint64_t> v_{0};
+};
+
+struct ListenerStats {
+    StatCounter accepted;
+    StatCounter bytes_upstream;    // client -> upstream
+    StatCounter bytes_downstream;  // upstream -> client
+    std::array<StatCounter, idx(CloseReason::kCount)> closed;
+    std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
+};
+
+struct WorkerStats {
+    explicit WorkerStats(size_t listeners) : listeners(listeners) {}
+    std::vector<ListenerStats> listeners;  // sized once; never resized while workers run
+    std::array<StatCounter, idx(PipeFallback::kCount)> pipe_fallbacks;
+    StatCounter pipes_in_use;     // gauge: pipes held by directions
+    StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
+    StatCounter accept_paused;    // accept stopped on EMFILE/ENFILE
+};
+
+// The /metrics endpoint: a civetweb server (prometheus-cpp pull) serving the sum of all
+// workers' stats. Throws std::exception if the address cannot be bound (start-up only).
+class MetricsEndpoint {
+public:
+    MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers);
+    ~MetricsEndpoint();
+    uint16_t port() const;
+
+private:
+    std::shared_ptr<prometheus::Collectable> collector_;
+    std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+// The text of one scrape, without HTTP: for tests and for --check of the metric list.
+std::string renderMetrics(const Config& config, const std::vector<const WorkerStats*>& workers);
+
+}  // namespace zcrelay

@@ -1,0 +1,55 @@
+#pragma once
+// The named outcomes that logs and metric labels share. Each list is written once (X-macro)
+// so an enum value cannot exist without its label.
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace zcrelay {
+
+// Why a connection ended.
+#define ZCRELAY_CLOSE_REASONS(X)                                                       \
+    X(Done, "done")                     /* both directions finished with a FIN */      \
+    X(ClientReset, "client_reset")      /* RST or socket error on the client side */   \
+    X(UpstreamReset, "upstream_reset")  /* RST or socket error on the upstream side */ \
+    X(ConnectFailed, "connect_failed")  /* the upstream never answered the connect */  \
+    X(IdleTimeout, "idle_timeout")      /* no byte either way for idle_timeout */      \
+    X(Drain, "drain")                   /* still open when drain_timeout ran out */    \
+    X(Error, "error")                   /* a local failure: fd limit, pipe, ring */
+
+// Why an upstream connect failed.
+#define ZCRELAY_CONNECT_FAILURES(X)               \
+    X(Refused, "refused")                         \
+    X(Timeout, "timeout")                         \
+    X(Unreachable, "unreachable")                 \
+    X(AddrNotAvail, "addr_not_avail")             \
+    X(Other, "other")
+
+// Why a direction that wanted a pipe moved its bytes by copy instead.
+#define ZCRELAY_PIPE_FALLBACKS(X)                                                      \
+    X(PoolExhausted, "pool_exhausted") /* the worker's share of max_pipes is in use */ \
+    X(PipeLimit, "pipe_limit")         /* pipe-user-pages-soft: the kernel gave a tiny pipe */ \
+    X(Emfile, "emfile")                /* no fd left for the pipe's two ends */
+
+#define ZCRELAY_ENUM_ITEM(name, label) name,
+#define ZCRELAY_LABEL_ITEM(name, label) label,
+
+enum class CloseReason : uint8_t { ZCRELAY_CLOSE_REASONS(ZCRELAY_ENUM_ITEM) kCount };
+enum class ConnectFailure : uint8_t { ZCRELAY_CONNECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
+enum class PipeFallback : uint8_t { ZCRELAY_PIPE_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
+
+inline constexpr std::array<std::string_view, static_cast<size_t>(CloseReason::kCount)>
+    kCloseReasonLabels{ZCRELAY_CLOSE_REASONS(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(ConnectFailure::kCount)>
+    kConnectFailureLabels{ZCRELAY_CONNECT_FAILURES(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(PipeFallback::kCount)>
+    kPipeFallbackLabels{ZCRELAY_PIPE_FALLBACKS(ZCRELAY_LABEL_ITEM)};
+
+template <typename E>
+constexpr size_t idx(E e) { return static_cast<size_t>(e); }
+
+inline std::string_view label(CloseReason r) { return kCloseReasonLabels[idx(r)]; }
+inline std::string_view label(ConnectFailure r) { return kConnectFailureLabels[idx(r)]; }
+inline std::string_view label(PipeFallback r) { return kPipeFallbackLabels[idx(r)]; }
+
+}  // namespace zcrelay

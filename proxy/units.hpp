@@ -1,0 +1,26 @@
+#pragma once
+// Durations ("5s", "250ms", "2m", "1h", "100us") and sizes ("64KiB", "1MiB", "4096") as the
+// config writes them.
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+namespace zcrelay {
+
+using Duration = std::chrono::milliseconds;
+
+// Units: us (rounded up to whole ms), ms, s, m, h; a number is required, a unit is required.
+// Errors say what is wrong ("missing unit in \"5\"", "unknown unit \"x\"", "negative").
+tl::expected<Duration, std::string> parseDuration(std::string_view text);
+// Units: none (bytes), B, KiB, MiB, GiB (powers of 1024) and k/K/KB, M/MB, G/GB (also 1024:
+// what HAProxy's tune.pipesize and nginx sizes mean). Overflow of uint64 is an error.
+tl::expected<uint64_t, std::string> parseSize(std::string_view text);
+
+// Shortest exact form: 300000ms -> "5m", 1500ms -> "1500ms"; 1048576 -> "1MiB", 1000 -> "1000".
+std::string formatDuration(Duration d);
+std::string formatSize(uint64_t bytes);
+
+}  // namespace zcrelay

@@ -1,0 +1,49 @@
+#include "uring/ring.hpp"
+
+#include "log.hpp"
+
+namespace zcrelay {
+
+Result<std::unique_ptr<Ring>> Ring::create(unsigned entries) {
+    std::unique_ptr<Ring> ring(new Ring());
+    io_uring_params p{};
+    // SINGLE_ISSUER: only this worker thread submits, which lets the kernel skip locking.
+    // DEFER_TASKRUN: completions' task work runs only when we enter the kernel to wait, in
+    //   batches, instead of interrupting the thread (measured: best single-flow throughput).
+    // CQSIZE at 8x entries: one connection can have several completions in flight (two polls per
+    //   direction, connect + its timeout); a CQ overflow would cost a slow path, not data.
+    // SUBMIT_ALL: keep submitting the rest of a batch when one SQE fails at submit time.
+    p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_CQSIZE |
+              IORING_SETUP_SUBMIT_ALL;
+    p.cq_entries = entries * 8;
+    int ret = io_uring_queue_init_params(entries, &ring->ring_, &p);
+    if (ret < 0) {
+        // Kernels before 6.1 lack DEFER_TASKRUN: fall back to cooperative task work.
+        io_uring_params q{};
+        q.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_CQSIZE;
+        q.cq_entries = entries * 8;
+        ret = io_uring_queue_init_params(entries, &ring->ring_, &q);
+        if (ret < 0) return sysError("io_uring_queue_init", -ret);
+        LOG_WARN("io_uring: DEFER_TASKRUN unavailable, using COOP_TASKRUN");
+        ring->flags_ = q.flags;
+    } else {
+        ring->flags_ = p.flags;
+    }
+    return ring;
+}
+
+Ring::~Ring() { io_uring_queue_exit(&ring_); }
+
+io_uring_sqe* Ring::sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring_);
+    while (s == nullptr) {
+        io_uring_submit(&ring_);
+        s = io_uring_get_sqe(&ring_);
+    }
+    return s;
+}
+
+int Ring::submitAndWait() { return io_uring_submit_and_wait(&ring_, 1); }
+int Ring::submit() { return io_uring_submit(&ring_); }
+
+}  // namespace zcrelay

@@ -1,0 +1,34 @@
+#pragma once
+// RAII owner of one io_uring. A ring belongs to the thread that created it (SINGLE_ISSUER):
+// create it on the worker thread, never touch it from another.
+#include <liburing.h>
+
+#include <memory>
+
+#include "result.hpp"
+
+namespace zcrelay {
+
+class Ring {
+public:
+    static Result<std::unique_ptr<Ring>> create(unsigned entries);
+    ~Ring();
+    Ring(const Ring&) = delete;
+    Ring& operator=(const Ring&) = delete;
+
+    // A free SQE. When the SQ is full the queued SQEs are submitted first, so this never fails
+    // while the kernel accepts submissions.
+    io_uring_sqe* sqe();
+    // Submit what is queued and wait for at least one CQE (task work runs here: DEFER_TASKRUN).
+    int submitAndWait();
+    int submit();
+    io_uring* raw() { return &ring_; }
+    unsigned flags() const { return flags_; }
+
+private:
+    Ring() = default;
+    io_uring ring_{};
+    unsigned flags_ = 0;
+};
+
+}  // namespace zcrelay

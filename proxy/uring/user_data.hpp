@@ -1,0 +1,50 @@
+#pragma once
+// The only place a completion's identity is packed into io_uring's 64-bit user_data.
+//
+//   bit  0..7   Op          what the SQE was
+//   bit  8      direction   0 = client->upstream, 1 = upstream->client (per-connection ops)
+//   bit  9..31  slot        connection slot, or listener index for Accept
+//   bit 32..63  generation  the slot's generation when the SQE was issued
+//
+// A slot is reused only after every SQE issued for it has completed (Conn::inflight), so a
+// generation mismatch means a bookkeeping bug; the worker logs it and drops the CQE rather
+// than acting on another connection.
+#include <cstdint>
+
+namespace zcrelay {
+
+enum class Op : uint8_t {
+    Ignore = 0,   // cancel / close / shutdown SQEs whose CQE carries nothing we act on
+    Accept,       // multishot accept on a listener (slot = listener index)
+    Wake,         // read on the worker's eventfd: another thread posted a command
+    Tick,         // the worker's periodic timeout: idle sweeps, drain deadline, accept resume
+    Connect,      // upstream connect
+    ConnectTimeout,  // the link timeout bounding Connect
+    PollIn,       // readability of a direction's source socket
+    PollOut,      // writability of a direction's destination socket
+    Watch,        // POLLRDHUP on a source not being read: notices an RST while dst is full
+    Recv,         // copy path: recv into a provided buffer
+    Send,         // copy path: send from a provided buffer
+};
+
+struct UserData {
+    Op op = Op::Ignore;
+    uint8_t dir = 0;
+    uint32_t slot = 0;
+    uint32_t generation = 0;
+
+    static constexpr uint32_t kMaxSlot = (1u << 23) - 1;
+
+    constexpr uint64_t pack() const {
+        return static_cast<uint64_t>(op) | (static_cast<uint64_t>(dir & 1) << 8) |
+               (static_cast<uint64_t>(slot & kMaxSlot) << 9) |
+               (static_cast<uint64_t>(generation) << 32);
+    }
+    static constexpr UserData unpack(uint64_t v) {
+        return UserData{static_cast<Op>(v & 0xff), static_cast<uint8_t>((v >> 8) & 1),
+                        static_cast<uint32_t>((v >> 9) & kMaxSlot), static_cast<uint32_t>(v >> 32)};
+    }
+    friend constexpr bool operator==(const UserData&, const UserData&) = default;
+};
+
+}  // namespace zcrelay

@@ -1,0 +1,610 @@
+#include "worker.hpp"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "log.hpp"
+#include "pump/copy_pump.hpp"
+#include "pump/splice_pump.hpp"
+#include "upstream.hpp"
+
+namespace zcrelay {
+namespace {
+
+constexpr unsigned kRingEntries = 4096;
+constexpr uint32_t kCopyBuffers = 256;          // per worker; a power of two (buffer ring)
+constexpr uint32_t kCopyBufferSize = 64 * 1024;
+constexpr uint16_t kBufGroup = 0;
+constexpr int64_t kAcceptRetryMs = 100;
+
+int64_t monotonicMs() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+}
+
+__kernel_timespec toTimespec(Duration d) {
+    __kernel_timespec ts{};
+    ts.tv_sec = d.count() / 1000;
+    ts.tv_nsec = (d.count() % 1000) * 1000000;
+    return ts;
+}
+
+bool isPeerError(int err) {
+    switch (err) {
+        case ECONNRESET: case EPIPE: case ETIMEDOUT: case ECONNABORTED:
+        case EHOSTUNREACH: case ENETUNREACH: case ENOTCONN:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// The tick drives idle timeouts, the drain deadline and accept resumption. It follows the
+// shortest idle timeout so an idle connection is closed within ~1/4 of its timeout late.
+int64_t tickFor(const Config& config) {
+    int64_t tick = 250;
+    for (const auto& l : config.listeners) {
+        if (l.idle_timeout.count() > 0) tick = std::min<int64_t>(tick, l.idle_timeout.count() / 4);
+    }
+    return std::max<int64_t>(tick, 10);
+}
+
+}  // namespace
+
+Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds)
+    : id_(id), config_(config), name_("w" + std::to_string(id)), stats_(config.listeners.size()) {
+    listeners_.resize(listen_fds.size());
+    for (size_t i = 0; i < listen_fds.size(); ++i) {
+        listeners_[i].fd = std::move(listen_fds[i]);
+        listeners_[i].connect_timeout = toTimespec(config.listeners[i].connect_timeout);
+    }
+    tick_ms_ = tickFor(config);
+    tick_ = toTimespec(Duration(tick_ms_));
+}
+
+Worker::~Worker() { join(); }
+
+std::future<Result<void>> Worker::start() {
+    auto ready = std::make_shared<std::promise<Result<void>>>();
+    auto future = ready->get_future();
+    thread_ = std::thread([this, ready] { run(*ready); });
+    return future;
+}
+
+void Worker::join() {
+    if (thread_.joinable()) thread_.join();
+}
+
+void Worker::post(uint32_t cmd) {
+    commands_.fetch_or(cmd);
+    uint64_t one = 1;
+    if (wake_fd_ && ::write(wake_fd_.get(), &one, sizeof one) < 0) LOG_WARN("wake %s: %s", name_.c_str(), strerror(errno));
+}
+
+void Worker::run(std::promise<Result<void>>& ready) {
+    setLogThreadName(name_.c_str());
+    auto up = setUp();
+    bool ok = up.has_value();
+    ready.set_value(std::move(up));
+    if (ok) loop();
+    ring_.reset();  // cancels whatever is still armed before the fds it references go away
+    finished_.store(true);
+}
+
+Result<void> Worker::setUp() {
+    // Created here, not in the constructor: SINGLE_ISSUER binds the ring to the creating thread.
+    auto ring = Ring::create(kRingEntries);
+    if (!ring) return tl::unexpected(ring.error());
+    ring_ = std::move(*ring);
+    auto bufs = BufRing::create(ring_->raw(), kBufGroup, kCopyBuffers, kCopyBufferSize);
+    if (!bufs) return tl::unexpected(bufs.error());
+    bufs_ = std::move(*bufs);
+    uint64_t pipes = config_.max_pipes / std::max(1u, config_.workers);
+    if (config_.max_pipes > 0) pipes = std::max<uint64_t>(pipes, 1);
+    pipes_ = std::make_unique<PipePool>(pipes, stats_);
+    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+    if (!wake_fd_) return sysError("eventfd");
+    starved_.reserve(4096);
+    starved_retry_.reserve(4096);
+    now_ms_ = monotonicMs();
+    for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
+    armWake();
+    armTick();
+    if (int r = ring_->submit(); r < 0) return sysError("io_uring_submit", -r);
+    return {};
+}
+
+void Worker::loop() {
+    for (;;) {
+        if (draining_ && live_ == 0) {
+            ring_->submit();  // the listeners' close SQEs
+            break;
+        }
+        int r = ring_->submitAndWait();
+        if (r < 0 && r != -EINTR && r != -EBUSY && r != -EAGAIN) {
+            LOG_ERROR("io_uring_submit_and_wait: %s", strerror(-r));
+            break;
+        }
+        now_ms_ = monotonicMs();
+        unsigned head, count = 0;
+        io_uring_cqe* cqe;
+        io_uring_for_each_cqe(ring_->raw(), head, cqe) {
+            dispatch(cqe);
+            ++count;
+        }
+        io_uring_cq_advance(ring_->raw(), count);
+        if (!starved_.empty() && buffers_freed_) retryStarved();
+    }
+}
+
+void Worker::dispatch(const io_uring_cqe* cqe) {
+    UserData ud = UserData::unpack(cqe->user_data);
+    switch (ud.op) {
+        case Op::Ignore: return;
+        case Op::Wake: onWake(); return;
+        case Op::Tick: onTick(); return;
+        case Op::Accept: onAccept(ud.slot, cqe->res, cqe->flags); return;
+        default: break;
+    }
+    Conn& c = conn(ud.slot);
+    if (c.generation != ud.generation || c.state == ConnState::Free) {
+        LOG_ERROR("stale completion op=%d slot=%u gen=%u (slot gen %u): bookkeeping bug",
+                  static_cast<int>(ud.op), ud.slot, ud.generation, c.generation);
+        if (cqe->flags & IORING_CQE_F_BUFFER) bufs_->recycle(cqe->flags >> IORING_CQE_BUFFER_SHIFT);
+        return;
+    }
+    --c.inflight;
+    int d = ud.dir;
+    switch (ud.op) {
+        case Op::Connect: onConnect(c, ud.slot, cqe->res); break;
+        case Op::ConnectTimeout: break;  // the connect's own CQE says -ECANCELED if this fired
+        case Op::PollIn: onPollIn(c, ud.slot, d, cqe->res); break;
+        case Op::PollOut:
+            c.dir[d].poll_out = false;
+            if (c.state == ConnState::Relaying && cqe->res >= 0) pumpSpliceDir(c, ud.slot, d);
+            break;
+        case Op::Watch: onWatch(c, ud.slot, d, cqe->res); break;
+        case Op::Recv: onRecv(c, ud.slot, d, cqe->res, cqe->flags); break;
+        case Op::Send: onSend(c, ud.slot, d, cqe->res); break;
+        default: break;
+    }
+    if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
+}
+
+// ---- listening and commands ----------------------------------------------------------------
+
+void Worker::armAccept(uint32_t li) {
+    ListenerState& l = listeners_[li];
+    if (l.accepting || l.closed || l.paused) return;
+    io_uring_sqe* sqe = ring_->sqe();
+    // Multishot: one SQE keeps accepting until it errors, one CQE per connection. The accepted
+    // sockets come out nonblocking, as the inline splice needs.
+    io_uring_prep_multishot_accept(sqe, l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0}.pack());
+    l.accepting = true;
+}
+
+void Worker::onAccept(uint32_t li, int res, uint32_t flags) {
+    ListenerState& l = listeners_[li];
+    if (!(flags & IORING_CQE_F_MORE)) l.accepting = false;
+    if (res >= 0) {
+        if (draining_) {
+            ::close(res);
+        } else if (uint32_t slot = allocConn(); slot != UINT32_MAX) {
+            Conn* c = &conn(slot);
+            c->listener = static_cast<uint8_t>(li);
+            c->fd[0] = res;
+            c->counted_active = true;
+            stats_.listeners[li].accepted.add();
+            int one = 1;
+            ::setsockopt(res, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            startConnect(*c, slot);
+        } else {
+            ::close(res);
+        }
+    } else if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
+        // Out of fds (or socket memory): the connection stays in the kernel's accept queue.
+        // Stop accepting rather than spin on the same error; resume after a short pause or as
+        // soon as a connection of ours closes and gives an fd back.
+        if (!l.paused) {
+            LOG_WARN("accept on %s: %s; pausing accepts", config_.listeners[li].name.c_str(), strerror(-res));
+            stats_.accept_paused.add();
+        }
+        l.paused = true;
+        if (l.accepting) {
+            io_uring_sqe* sqe = ring_->sqe();
+            io_uring_prep_cancel_fd(sqe, l.fd.get(), 0);
+            io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        }
+        return;
+    } else if (res != -ECANCELED && res != -EINTR && res != -ECONNABORTED && res != -EAGAIN) {
+        LOG_WARN("accept on %s: %s", config_.listeners[li].name.c_str(), strerror(-res));
+    }
+    if (!l.accepting && !draining_) armAccept(li);
+}
+
+void Worker::armWake() {
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_prep_read(sqe, wake_fd_.get(), &wake_value_, sizeof wake_value_, 0);
+    io_uring_sqe_set_data64(sqe, UserData{Op::Wake}.pack());
+}
+
+void Worker::onWake() {
+    uint32_t cmds = commands_.exchange(0);
+    if ((cmds & (kCmdDrain | kCmdStop)) && !draining_) {
+        draining_ = true;
+        drain_deadline_ms_ = now_ms_ + config_.drain_timeout.count();
+        closeListeners();
+        LOG_INFO("draining %u connections (deadline %lld ms)", live_, static_cast<long long>(config_.drain_timeout.count()));
+    }
+    if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
+    if (draining_ && now_ms_ >= drain_deadline_ms_) onTick();
+    armWake();
+}
+
+void Worker::armTick() {
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_prep_timeout(sqe, &tick_, 0, 0);
+    io_uring_sqe_set_data64(sqe, UserData{Op::Tick}.pack());
+}
+
+void Worker::onTick() {
+    // Idle timeouts and the drain deadline: a linear sweep, a few times a second. A sweep over
+    // 10k slots is microseconds, far cheaper than a timer per connection on the data path.
+    bool deadline = draining_ && now_ms_ >= drain_deadline_ms_;
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
+        if (deadline) {
+            closeConn(c, slot, CloseReason::Drain);
+            continue;
+        }
+        int64_t idle = config_.listeners[c.listener].idle_timeout.count();
+        if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle)
+            closeConn(c, slot, CloseReason::IdleTimeout);
+    }
+    for (uint32_t i = 0; i < listeners_.size(); ++i) {
+        if (listeners_[i].paused && !draining_) {
+            listeners_[i].paused = false;
+            armAccept(i);
+        }
+    }
+    armTick();
+}
+
+void Worker::closeListeners() {
+    for (ListenerState& l : listeners_) {
+        if (l.closed) continue;
+        // Cancel the armed accept, then close: hardlinked so the close runs even when the
+        // cancel finds nothing. Connections still in this socket's accept queue are reset by
+        // the kernel; the other workers' sockets in the group keep nothing for us either, as
+        // every worker drains at once.
+        io_uring_sqe* sqe = ring_->sqe();
+        io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
+        sqe->flags |= IOSQE_IO_HARDLINK;
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        sqe = ring_->sqe();
+        io_uring_prep_close(sqe, l.fd.release());
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        l.closed = true;
+        l.accepting = false;
+    }
+}
+
+// ---- connections ---------------------------------------------------------------------------
+
+uint32_t Worker::allocConn() {
+    if (free_head_ == UINT32_MAX) {
+        if (slots_used_ + kChunk > UserData::kMaxSlot) return UINT32_MAX;
+        // Grows only past the previous peak of connections: no allocation in steady state.
+        chunks_.push_back(std::make_unique<Conn[]>(kChunk));
+        uint32_t base = static_cast<uint32_t>((chunks_.size() - 1) * kChunk);
+        for (uint32_t i = kChunk; i-- > 0;) {
+            conn(base + i).next_free = free_head_;
+            free_head_ = base + i;
+        }
+    }
+    uint32_t slot = free_head_;
+    Conn& c = conn(slot);
+    free_head_ = c.next_free;
+    slots_used_ = std::max(slots_used_, slot + 1);
+    ++live_;
+    c.state = ConnState::Connecting;
+    return slot;
+}
+
+io_uring_sqe* Worker::sqeFor(Conn& c, uint32_t slot, Op op, int d) {
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_sqe_set_data64(sqe, UserData{op, static_cast<uint8_t>(d), slot, c.generation}.pack());
+    ++c.inflight;
+    return sqe;
+}
+
+void Worker::startConnect(Conn& c, uint32_t slot) {
+    const ListenerConfig& lc = config_.listeners[c.listener];
+    auto fd = openUpstreamSocket(lc.upstream.family());
+    if (!fd) {
+        LOG_WARN("%s: upstream %s", lc.name.c_str(), fd.error().message().c_str());
+        closeConn(c, slot, CloseReason::Error);
+        return;
+    }
+    c.fd[1] = fd->release();
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::Connect, 0);
+    io_uring_prep_connect(sqe, c.fd[1], lc.upstream.sockaddrPtr(), lc.upstream.length);
+    // The linked timeout cancels the connect (CQE -ECANCELED) when connect_timeout runs out.
+    sqe->flags |= IOSQE_IO_LINK;
+    sqe = sqeFor(c, slot, Op::ConnectTimeout, 0);
+    io_uring_prep_link_timeout(sqe, &listeners_[c.listener].connect_timeout, 0);
+}
+
+void Worker::onConnect(Conn& c, uint32_t slot, int res) {
+    if (c.state != ConnState::Connecting) return;
+    if (res < 0) {
+        ConnectFailure why = classifyConnectError(-res);
+        stats_.listeners[c.listener].connect_failures[idx(why)].add();
+        LOG_DEBUG("%s: connect %s: %s", config_.listeners[c.listener].name.c_str(),
+                  config_.listeners[c.listener].upstream.toString().c_str(), strerror(-res));
+        closeConn(c, slot, CloseReason::ConnectFailed);
+        return;
+    }
+    c.state = ConnState::Relaying;
+    c.last_active_ms = now_ms_;
+    DataPath path = config_.listeners[c.listener].mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
+    for (int d = 0; d < 2; ++d) {
+        c.dir[d].path = path;
+        startDirection(c, slot, d);
+        if (c.state != ConnState::Relaying) return;
+    }
+}
+
+void Worker::startDirection(Conn& c, uint32_t slot, int d) {
+    if (c.dir[d].path == DataPath::Splice) armPollIn(c, slot, d);
+    else advanceCopy(c, slot, d);
+}
+
+void Worker::addBytes(Conn& c, int d, uint64_t n) {
+    ListenerStats& s = stats_.listeners[c.listener];
+    (d == 0 ? s.bytes_upstream : s.bytes_downstream).add(n);
+    c.last_active_ms = now_ms_;
+}
+
+void Worker::finishDirection(Conn& c, uint32_t slot, int d) {
+    c.dir[d].finished = true;
+    if (c.bothFinished()) closeConn(c, slot, CloseReason::Done);
+}
+
+void Worker::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) {
+    if (isPeerError(err)) {
+        closeConn(c, slot, resetReason(d, on_src));
+    } else {
+        LOG_WARN("%s: %s on %s socket", config_.listeners[c.listener].name.c_str(), strerror(err),
+                 (on_src ? d : 1 - d) == 0 ? "client" : "upstream");
+        closeConn(c, slot, CloseReason::Error);
+    }
+}
+
+void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
+    if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
+    if (c.counted_active) {
+        stats_.listeners[c.listener].closed[idx(reason)].add();
+        c.counted_active = false;
+    }
+    c.state = ConnState::Closing;
+    for (Direction& dir : c.dir) {
+        if (!dir.pipe.valid()) continue;
+        // Bytes still in a pipe were never delivered; the connection is gone, so are they.
+        if (dir.in_pipe == 0) pipes_->release(dir.pipe);
+        else pipes_->discard(dir.pipe);
+        dir.in_pipe = 0;
+    }
+    if (reason == CloseReason::ClientReset || reason == CloseReason::UpstreamReset) {
+        // Propagate the reset: SO_LINGER {1, 0} makes close() send RST, so the survivor's
+        // peer learns at once that the stream broke instead of seeing a clean FIN.
+        linger lg{1, 0};
+        int survivor = reason == CloseReason::ClientReset ? 1 : 0;
+        if (c.fd[survivor] >= 0) ::setsockopt(c.fd[survivor], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    for (int& fd : c.fd) {
+        if (fd < 0) continue;
+        // In-flight polls, recvs, sends and the connect hold references to the socket: cancel
+        // them (their CQEs still arrive and are counted down in inflight), then close. The
+        // cancel is matched by file at submit time, so it must go in before the close.
+        io_uring_sqe* sqe = ring_->sqe();
+        io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
+        sqe->flags |= IOSQE_IO_HARDLINK;
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        sqe = ring_->sqe();
+        io_uring_prep_close(sqe, fd);
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        fd = -1;
+    }
+    for (ListenerState& l : listeners_) {
+        if (l.paused && !draining_) {
+            l.paused = false;
+            armAccept(static_cast<uint32_t>(&l - listeners_.data()));
+        }
+    }
+    if (c.inflight == 0) freeConn(c, slot);
+}
+
+void Worker::freeConn(Conn& c, uint32_t slot) {
+    for (Direction& dir : c.dir) {
+        while (!dir.queue.empty()) {
+            bufs_->recycle(dir.queue.front().bid);
+            buffers_freed_ = true;
+            dir.queue.pop();
+        }
+    }
+    uint32_t generation = c.generation + 1;
+    c = Conn{};
+    c.generation = generation;
+    c.next_free = free_head_;
+    free_head_ = slot;
+    --live_;
+}
+
+// ---- splice path ---------------------------------------------------------------------------
+
+void Worker::armPollIn(Conn& c, uint32_t slot, int d) {
+    if (c.dir[d].poll_in) return;
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::PollIn, d);
+    // One-shot poll: a level-triggered check at arm time, so data that arrived while no poll
+    // was armed is seen at once, and no stream of wake-ups while we are busy elsewhere.
+    io_uring_prep_poll_add(sqe, c.fd[d], POLLIN | POLLRDHUP);
+    c.dir[d].poll_in = true;
+}
+
+void Worker::armPollOut(Conn& c, uint32_t slot, int d) {
+    if (c.dir[d].poll_out) return;
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::PollOut, d);
+    io_uring_prep_poll_add(sqe, c.fd[1 - d], POLLOUT);
+    c.dir[d].poll_out = true;
+}
+
+void Worker::armWatch(Conn& c, uint32_t slot, int d) {
+    Direction& dir = c.dir[d];
+    if (dir.watch || dir.eof) return;
+    // While a direction waits for dst to drain it does not read src, so nothing would notice an
+    // RST there. POLLRDHUP alone does not fire on data (no wake-up per segment), only on FIN;
+    // POLLERR and POLLHUP are always reported.
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::Watch, d);
+    io_uring_prep_poll_add(sqe, c.fd[d], POLLRDHUP);
+    dir.watch = true;
+}
+
+void Worker::onPollIn(Conn& c, uint32_t slot, int d, int res) {
+    c.dir[d].poll_in = false;
+    if (c.state != ConnState::Relaying || res < 0) return;
+    if (c.dir[d].path == DataPath::Splice) pumpSpliceDir(c, slot, d);
+}
+
+void Worker::onWatch(Conn& c, uint32_t slot, int d, int res) {
+    c.dir[d].watch = false;
+    if (c.state != ConnState::Relaying || res < 0) return;
+    if (res & POLLERR) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(c.fd[d], SOL_SOCKET, SO_ERROR, &err, &len);
+        failDirection(c, slot, d, true, err != 0 ? err : ECONNRESET);
+    }
+    // POLLRDHUP alone: a FIN, which the direction reads in order once dst drains. Not re-armed:
+    // the condition is level-triggered and would fire again at once.
+}
+
+void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
+    Direction& dir = c.dir[d];
+    if (dir.finished) return;
+    uint64_t moved = 0;
+    SpliceStep step = pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
+                                 static_cast<uint32_t>(config_.listeners[c.listener].pipe_size), moved);
+    if (moved > 0) addBytes(c, d, moved);
+    switch (step.kind) {
+        case SpliceStep::WaitRead: armPollIn(c, slot, d); break;
+        case SpliceStep::WaitWrite:
+            armPollOut(c, slot, d);
+            armWatch(c, slot, d);
+            break;
+        case SpliceStep::Finished: finishDirection(c, slot, d); break;
+        case SpliceStep::NeedCopy:
+            stats_.pipe_fallbacks[idx(step.fallback)].add();
+            dir.path = DataPath::Copy;
+            advanceCopy(c, slot, d);
+            break;
+        case SpliceStep::Failed: failDirection(c, slot, d, step.on_src, step.error); break;
+    }
+}
+
+// ---- copy path -----------------------------------------------------------------------------
+
+void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
+    Direction& dir = c.dir[d];
+    CopyNext next = copyNext(dir, false);
+    if (next.arm_send) {
+        prepCopySend(sqeFor(c, slot, Op::Send, d), c.fd[1 - d], *bufs_, dir.queue.front());
+        dir.send_armed = true;
+    }
+    if (next.arm_recv) {
+        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_);
+        dir.recv_armed = true;
+    }
+    if (dir.queue.full() && !dir.recv_armed) armWatch(c, slot, d);
+    if (next.finish) {
+        ::shutdown(c.fd[1 - d], SHUT_WR);
+        finishDirection(c, slot, d);
+    }
+}
+
+void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
+    Direction& dir = c.dir[d];
+    dir.recv_armed = false;
+    bool has_buffer = flags & IORING_CQE_F_BUFFER;
+    uint16_t bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
+    if (c.state != ConnState::Relaying) {
+        if (has_buffer) bufs_->recycle(bid);
+        return;
+    }
+    if (res > 0) {
+        dir.queue.push(CopyChunk{bid, static_cast<uint32_t>(res), 0});
+        c.last_active_ms = now_ms_;
+    } else {
+        if (has_buffer) bufs_->recycle(bid);
+        if (res == 0) {
+            dir.eof = true;
+        } else if (res == -ENOBUFS) {
+            // Every buffer of this worker is queued somewhere: retry once sends give some back.
+            starved_.push_back(UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
+            if (!dir.send_armed && dir.queue.empty()) armWatch(c, slot, d);
+            return;
+        } else if (res != -EINTR && res != -EAGAIN) {
+            failDirection(c, slot, d, true, -res);
+            return;
+        }
+    }
+    advanceCopy(c, slot, d);
+}
+
+void Worker::onSend(Conn& c, uint32_t slot, int d, int res) {
+    Direction& dir = c.dir[d];
+    dir.send_armed = false;
+    if (c.state != ConnState::Relaying) return;
+    if (res < 0) {
+        if (res != -EINTR && res != -EAGAIN) {
+            failDirection(c, slot, d, false, -res);
+            return;
+        }
+    } else {
+        CopyChunk& chunk = dir.queue.front();
+        chunk.sent += static_cast<uint32_t>(res);
+        addBytes(c, d, static_cast<uint64_t>(res));
+        if (chunk.sent == chunk.len) {
+            bufs_->recycle(chunk.bid);
+            buffers_freed_ = true;
+            dir.queue.pop();
+        }
+    }
+    advanceCopy(c, slot, d);
+}
+
+void Worker::retryStarved() {
+    // Swap out first: a retry that is starved again re-enters the list for the next round.
+    buffers_freed_ = false;
+    starved_retry_.clear();
+    starved_retry_.swap(starved_);
+    for (uint64_t packed : starved_retry_) {
+        UserData ud = UserData::unpack(packed);
+        Conn& c = conn(ud.slot);
+        if (c.generation != ud.generation || c.state != ConnState::Relaying) continue;
+        advanceCopy(c, ud.slot, ud.dir);
+    }
+}
+
+}  // namespace zcrelay
