@@ -40,7 +40,7 @@ struct MetricsConfig {
 struct Config {
     unsigned workers = 0;  // 0 in the struct never escapes loading: resolved to online CPUs
     Duration drain_timeout = std::chrono::seconds(30);
-    uint64_t max_pipes = 0;  // pipes (2 fds each) the whole process may hold; 0 resolved to a default
+    uint64_t max_pipes = 4096;  // pipes (2 fds each) the whole process may hold; 0 = never splice
     MetricsConfig metrics;
     std::vector<ListenerConfig> listeners;
 
@@ -48,7 +48,7 @@ struct Config {
 };
 
 // Thrown only while loading; main() catches it. what() reads e.g.
-//   "config.yaml:7:5: listeners[0].pipe_size: \"9MiB\" is out of range (4KiB..16MiB)"
+//   "config.yaml:7:5: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"
 // i.e. source:line:column: key path: what is wrong.
 class ConfigError : public std::runtime_error {
 public:

@@ -1,0 +1,299 @@
+#include "config.hpp"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace zcrelay {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string sourcePath(const std::string& relative) {
+    return std::string(ZCRELAY_SOURCE_DIR) + "/" + relative;
+}
+std::string dataPath(const std::string& name) { return sourcePath("tests/data/" + name); }
+
+// The message of the ConfigError that `load` throws, or a marker that fails any comparison.
+template <class F>
+std::string errorOf(F&& load) {
+    try {
+        load();
+    } catch (const ConfigError& e) {
+        return e.what();
+    }
+    return "(no error)";
+}
+
+std::string errorOfYaml(const std::string& yaml) {
+    return errorOf([&] { loadConfigString(yaml, "t.yaml"); });
+}
+
+unsigned onlineCpus() { return std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 1L, 256L); }
+
+SocketAddress addr(std::string_view text) { return parseAddress(text).value(); }
+
+// renderConfig() shows which field differs; == also covers anything it would not print.
+void expectSameConfig(const Config& a, const Config& b) {
+    EXPECT_EQ(renderConfig(a), renderConfig(b));
+    EXPECT_TRUE(a == b);
+}
+
+constexpr const char* kOneListener =
+    "listeners:\n"
+    "  - listen: 127.0.0.1:10000\n"
+    "    upstream: 127.0.0.1:9999\n";
+
+struct BadFixture {
+    const char* file;
+    const char* error;  // what follows "<path>:"
+};
+
+class ConfigFixtureError : public testing::TestWithParam<BadFixture> {};
+
+TEST_P(ConfigFixtureError, NamesLineColumnAndKey) {
+    const std::string path = dataPath(GetParam().file);
+    EXPECT_EQ(errorOf([&] { loadConfigFile(path); }), path + ":" + GetParam().error);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, ConfigFixtureError,
+    testing::Values(
+        BadFixture{"bad_syntax.yaml", "4:1: (yaml): end of sequence flow not found"},
+        BadFixture{
+            "unknown_key.yaml",
+            "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, upstream, "
+            "mode, pipe_size, connect_timeout, idle_timeout"},
+        BadFixture{"wrong_type.yaml",
+                   "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
+        BadFixture{"workers_not_number.yaml",
+                   "2:10: workers: expected a whole number, got \"abc\""},
+        BadFixture{"out_of_range.yaml",
+                   "5:16: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"},
+        BadFixture{
+            "bad_duration.yaml",
+            "5:22: listeners[0].connect_timeout: missing unit in \"5\" (use us, ms, s, m or h)"},
+        BadFixture{"bad_size.yaml",
+                   "5:16: listeners[0].pipe_size: unknown unit \"XB\" in \"64XB\" (use B, KiB, "
+                   "MiB, GiB or K, M, G)"},
+        BadFixture{"bad_address.yaml",
+                   "4:15: listeners[0].upstream: \"localhost\" is not a numeric IP address; names "
+                   "are not resolved"},
+        BadFixture{"metrics_bad_address.yaml",
+                   "3:11: metrics.listen: port 91000 is out of range (0..65535)"},
+        BadFixture{"missing_upstream.yaml", "5:5: listeners[1].upstream: missing required key"},
+        BadFixture{"empty_listeners.yaml",
+                   "3:12: listeners: empty; at least one listener is needed"},
+        BadFixture{"duplicate_listen.yaml",
+                   "5:13: listeners[1].listen: 127.0.0.1:10000 is already the listen address of "
+                   "listeners[0]"},
+        BadFixture{"duplicate_name.yaml",
+                   "5:11: listeners[1].name: \"listener0\" is already the name of listeners[0]"},
+        BadFixture{
+            "bad_mode.yaml",
+            "5:11: listeners[0].mode: \"zerocopy\" is not a mode; expected one of: splice, copy"},
+        BadFixture{"empty.yaml",
+                   "1:1: (document): empty; expected a map with at least `listeners`"},
+        BadFixture{"not_a_map.yaml",
+                   "2:1: (document): expected a map of settings, got a sequence"}),
+    [](const testing::TestParamInfo<BadFixture>& info) {
+        std::string name = info.param.file;
+        name = name.substr(0, name.find('.'));
+        name.erase(std::remove(name.begin(), name.end(), '_'), name.end());
+        return name;
+    });
+
+TEST(LoadConfig, FullFixtureSetsEveryKey) {
+    const Config c = loadConfigFile(dataPath("full.yaml"));
+    EXPECT_EQ(c.workers, 3u);
+    EXPECT_EQ(c.drain_timeout, 1500ms);
+    EXPECT_EQ(c.max_pipes, 0u);
+    EXPECT_FALSE(c.metrics.enabled);
+    EXPECT_EQ(c.metrics.listen, addr("[::1]:9200"));
+    ASSERT_EQ(c.listeners.size(), 2u);
+
+    const ListenerConfig& a = c.listeners[0];
+    EXPECT_EQ(a.name, "edge.v4-1");
+    EXPECT_EQ(a.listen, addr("127.0.0.1:0"));
+    EXPECT_EQ(a.upstream, addr("127.0.0.2:80"));
+    EXPECT_EQ(a.mode, Mode::Copy);
+    EXPECT_EQ(a.pipe_size, 65536u);
+    EXPECT_EQ(a.connect_timeout, 1ms);
+    EXPECT_EQ(a.idle_timeout, 0ms);
+
+    const ListenerConfig& b = c.listeners[1];
+    EXPECT_EQ(b.name, "listener1");
+    EXPECT_EQ(b.listen, a.listen);  // port 0 twice is allowed
+    EXPECT_EQ(b.upstream, addr("[::1]:443"));
+    EXPECT_EQ(b.mode, Mode::Splice);
+    EXPECT_EQ(b.pipe_size, 64u * 1024);
+    EXPECT_EQ(b.connect_timeout, 2min);
+    EXPECT_EQ(b.idle_timeout, 720h);
+}
+
+// The table's defaults must agree with the struct initialisers in config.hpp that other code
+// may rely on.
+TEST(LoadConfig, MinimalFileTakesTheDefaults) {
+    const Config c = loadConfigFile(sourcePath("config/minimal.yaml"));
+    const Config plain;
+    EXPECT_EQ(c.workers, onlineCpus());
+    EXPECT_EQ(c.drain_timeout, plain.drain_timeout);
+    EXPECT_EQ(c.max_pipes, plain.max_pipes);
+    EXPECT_TRUE(c.metrics.enabled);
+    EXPECT_EQ(c.metrics.listen, addr("127.0.0.1:9100"));
+    ASSERT_EQ(c.listeners.size(), 1u);
+
+    ListenerConfig expected;
+    expected.name = "listener0";
+    expected.listen = addr("127.0.0.1:10000");
+    expected.upstream = addr("127.0.0.1:9999");
+    EXPECT_TRUE(c.listeners[0] == expected) << renderConfig(c);
+}
+
+TEST(LoadConfig, ExampleFileLoadsAsTheEmbeddedDefault) {
+    expectSameConfig(loadConfigFile(sourcePath("config/zcrelay.example.yaml")),
+                     loadConfigString(defaultConfigYaml(), "<default>"));
+}
+
+// The example is generated from the key table, so help, defaults and ranges stay in step.
+TEST(LoadConfig, ExampleFileIsTheGeneratedDefault) {
+    std::ifstream file(sourcePath("config/zcrelay.example.yaml"));
+    std::stringstream text;
+    text << file.rdbuf();
+    EXPECT_EQ(text.str(), defaultConfigYaml())
+        << "regenerate: build/zcrelay --print-default-config > config/zcrelay.example.yaml";
+}
+
+TEST(LoadConfig, EmbeddedDefaultIsTheDocumentedOne) {
+    const Config c = loadConfigString(defaultConfigYaml(), "<default>");
+    EXPECT_EQ(defaultConfigYaml().find("\nworkers:"), std::string_view::npos);
+    EXPECT_EQ(c.workers, onlineCpus());
+    EXPECT_TRUE(c.metrics.enabled);
+    EXPECT_EQ(c.metrics.listen, addr("127.0.0.1:9100"));
+    ASSERT_EQ(c.listeners.size(), 1u);
+    EXPECT_EQ(c.listeners[0].name, "default");
+    EXPECT_EQ(c.listeners[0].listen, addr("127.0.0.1:10000"));
+    EXPECT_EQ(c.listeners[0].upstream, addr("127.0.0.1:9999"));
+}
+
+TEST(RenderConfig, LoadsBackToAnEqualConfig) {
+    const Config metrics_off =
+        loadConfigString(std::string("metrics: {listen: \"\"}\n") + kOneListener, "t");
+    for (const Config& c : {loadConfigFile(dataPath("full.yaml")),
+                            loadConfigString(defaultConfigYaml(), "<d>"), metrics_off}) {
+        const std::string text = renderConfig(c);
+        expectSameConfig(loadConfigString(text, "<rendered>"), c);
+    }
+}
+
+TEST(LoadConfig, MetricsTurnOffEitherWay) {
+    const Config by_listen =
+        loadConfigString(std::string("metrics:\n  listen: \"\"\n") + kOneListener, "t");
+    EXPECT_FALSE(by_listen.metrics.enabled);
+    const Config by_flag =
+        loadConfigString(std::string("metrics:\n  enabled: false\n") + kOneListener, "t");
+    EXPECT_FALSE(by_flag.metrics.enabled);
+    EXPECT_EQ(errorOfYaml(std::string("metrics:\n  enabled: nope\n") + kOneListener),
+              "t.yaml:2:12: metrics.enabled: expected true or false, got \"nope\"");
+    EXPECT_EQ(errorOfYaml(std::string("metrics: 9100\n") + kOneListener),
+              "t.yaml:1:10: metrics: expected a map, got a scalar");
+}
+
+TEST(LoadConfig, RangesAreEnforcedWithTheRangeInTheMessage) {
+    EXPECT_EQ(errorOfYaml(std::string("workers: 0\n") + kOneListener),
+              "t.yaml:1:10: workers: \"0\" is out of range (1..256)");
+    EXPECT_EQ(errorOfYaml(std::string("workers: 99999999999999999999\n") + kOneListener),
+              "t.yaml:1:10: workers: \"99999999999999999999\" is out of range (1..256)");
+    EXPECT_EQ(errorOfYaml(std::string("drain_timeout: 61m\n") + kOneListener),
+              "t.yaml:1:16: drain_timeout: \"61m\" is out of range (0s..1h)");
+    EXPECT_EQ(errorOfYaml(std::string("max_pipes: 100001\n") + kOneListener),
+              "t.yaml:1:12: max_pipes: \"100001\" is out of range (0..100000)");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    connect_timeout: 0s\n"),
+              "t.yaml:4:22: listeners[0].connect_timeout: \"0s\" is out of range (1ms..10m)");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    idle_timeout: 721h\n"),
+              "t.yaml:4:19: listeners[0].idle_timeout: \"721h\" is out of range (0s..720h)");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    pipe_size: 4095\n"),
+              "t.yaml:4:16: listeners[0].pipe_size: \"4095\" is out of range (4KiB..16MiB)");
+    EXPECT_EQ(loadConfigString(std::string(kOneListener) + "    idle_timeout: 0s\n", "t")
+                  .listeners[0]
+                  .idle_timeout,
+              0ms);
+}
+
+TEST(LoadConfig, StructureErrors) {
+    EXPECT_EQ(errorOfYaml("workers: 2\n"), "t.yaml:1:1: listeners: missing required key");
+    EXPECT_EQ(errorOfYaml("listeners: {listen: 127.0.0.1:1}\n"),
+              "t.yaml:1:12: listeners: expected a sequence of listeners, got a map");
+    EXPECT_EQ(errorOfYaml("listeners:\n  - 127.0.0.1:1\n"),
+              "t.yaml:2:5: listeners[0]: expected a map, got a scalar");
+    EXPECT_EQ(errorOfYaml("listeners:\n  - listen: 127.0.0.1:1\n"),
+              "t.yaml:2:5: listeners[0].upstream: missing required key");
+    EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
+              "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
+              "max_pipes, metrics, "
+              "listeners");
+    EXPECT_EQ(errorOfYaml(std::string("workers: 2\nworkers: 3\n") + kOneListener),
+              "t.yaml:2:1: workers: key given twice");
+    EXPECT_EQ(errorOfYaml("just text\n"),
+              "t.yaml:1:1: (document): expected a map of settings, got a scalar");
+}
+
+TEST(LoadConfig, MissingValuePointsAtItsKey) {
+    // yaml-cpp marks an empty value where the next line starts; the key is where to look.
+    EXPECT_EQ(errorOfYaml(std::string("workers:\n") + kOneListener),
+              "t.yaml:1:1: workers: expected a whole number, got nothing");
+}
+
+TEST(LoadConfig, BadNameAndMode) {
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    name: \"a b\"\n"),
+              "t.yaml:4:11: listeners[0].name: \"a b\" is not a valid name; use 1 to 64 of "
+              "[A-Za-z0-9_.-]");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    name: " + std::string(65, 'x') + "\n"),
+              "t.yaml:4:11: listeners[0].name: \"" + std::string(65, 'x') +
+                  "\" is not a valid name; use 1 to 64 of [A-Za-z0-9_.-]");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
+              "t.yaml:4:11: listeners[0].mode: expected splice or copy, got a sequence");
+}
+
+TEST(LoadConfig, UnquotedIPv6GetsAHint) {
+    EXPECT_EQ(
+        errorOfYaml("listeners:\n  - listen: [::1]:80\n    upstream: 127.0.0.1:1\n"),
+        "t.yaml:2:18: (yaml): end of map not found (IPv6 addresses need quotes: \"[::1]:10000\")");
+}
+
+TEST(LoadConfig, SameAddressOnDifferentPortsIsNoDuplicate) {
+    const Config c = loadConfigString(
+        "listeners:\n"
+        "  - {listen: 127.0.0.1:1000, upstream: 127.0.0.1:1}\n"
+        "  - {listen: 127.0.0.1:1001, upstream: 127.0.0.1:1}\n"
+        "  - {listen: 127.0.0.2:1000, upstream: 127.0.0.1:1}\n",
+        "t");
+    EXPECT_EQ(c.listeners.size(), 3u);
+}
+
+TEST(LoadConfigFile, UnreadableFileSaysWhy) {
+    const std::string path = dataPath("does-not-exist.yaml");
+    EXPECT_EQ(errorOf([&] { loadConfigFile(path); }),
+              path + ": cannot read: No such file or directory");
+    EXPECT_EQ(errorOf([&] { loadConfigFile(dataPath("")); }),
+              dataPath("") + ": cannot read: Is a directory");
+}
+
+TEST(ApplyFlag, ChecksLikeTheYamlKeyAndNamesTheFlag) {
+    Config c = loadConfigString(defaultConfigYaml(), "<default>");
+    applyFlag(c, "workers", "7", "--workers");
+    EXPECT_EQ(c.workers, 7u);
+    EXPECT_EQ(errorOf([&] { applyFlag(c, "workers", "300", "--workers"); }),
+              "<command line>: --workers: \"300\" is out of range (1..256)");
+    applyFlag(c, "metrics.listen", "", "--metrics");
+    EXPECT_FALSE(c.metrics.enabled);
+    applyFlag(c, "metrics.listen", "[::1]:9000", "--metrics");
+    EXPECT_TRUE(c.metrics.enabled);
+    EXPECT_EQ(c.metrics.listen, addr("[::1]:9000"));
+}
+
+}  // namespace
+}  // namespace zcrelay
