@@ -64,6 +64,7 @@ struct Direction {
     bool finished = false;   // eof propagated: dst shut down for writing
     bool poll_in = false;    // POLLIN armed on src
     bool watch = false;      // POLLRDHUP watch armed on src (while not reading it)
+    bool src_hup = false;    // the watch saw src's FIN; the data before it is still to be read
     bool poll_out = false;   // POLLOUT armed on dst
     bool recv_armed = false; // copy: a recv on src in flight
     bool send_armed = false; // copy: a send on dst in flight

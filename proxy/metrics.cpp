@@ -1,12 +1,17 @@
 #include "metrics.hpp"
 
-#include <dirent.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdio>
 #include <cstring>
 #include <prometheus/exposer.h>
 #include <prometheus/text_serializer.h>
 
+#include "address.hpp"
 #include "config.hpp"
 
 namespace zcrelay {
@@ -100,6 +105,14 @@ public:
             fallbacks.add({{"reason", std::string(kPipeFallbackLabels[r])}},
                           sum([r](const WorkerStats& w) { return w.pipe_fallbacks[r].get(); }));
         }
+        Family per_worker("zcrelay_worker_connections_total",
+                          "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
+                          MetricType::Counter);
+        for (size_t w = 0; w < workers_.size(); ++w) {
+            uint64_t n = 0;
+            for (const ListenerStats& l : workers_[w]->listeners) n += l.accepted.get();
+            per_worker.add({{"worker", std::to_string(w)}}, static_cast<double>(n));
+        }
         Family in_use("zcrelay_pipes_in_use", "Pipes held by busy directions.", MetricType::Gauge);
         in_use.add({}, sum([](const WorkerStats& w) { return w.pipes_in_use.get(); }));
         Family cached("zcrelay_pipes_cached", "Empty pipes kept open for reuse (2 fds each).", MetricType::Gauge);
@@ -115,7 +128,7 @@ public:
         info.add({{"version", ZCRELAY_VERSION}}, 1);
 
         std::vector<MetricFamily> out;
-        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &fallbacks, &in_use, &cached,
+        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &fallbacks, &per_worker, &in_use, &cached,
                           &paused, &threads, &info})
             out.push_back(f->take());
         return out;
@@ -129,13 +142,33 @@ private:
 }  // namespace
 
 MetricsEndpoint::MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers)
-    : collector_(std::make_shared<Collector>(config, std::move(workers))) {
+    : address_(config.metrics.listen), collector_(std::make_shared<Collector>(config, std::move(workers))) {
     // One civetweb thread is plenty for scrapes and keeps the process's thread count small.
     exposer_ = std::make_unique<prometheus::Exposer>(config.metrics.listen.toString(), 1);
     exposer_->RegisterCollectable(collector_);
 }
 
-MetricsEndpoint::~MetricsEndpoint() = default;
+MetricsEndpoint::~MetricsEndpoint() {
+    // civetweb's mg_stop() raises a flag and joins its listening thread, which looks at the flag
+    // only between poll() rounds of 2 s: shutting down would take up to 2 s for nothing. A
+    // connection to our own port ends the round at once. Bounded: the loop ends when the
+    // exposer is gone, which the poll quantum guarantees anyway.
+    SocketAddress self = address_;
+    self.setPort(port());
+    std::atomic<bool> stopped{false};
+    std::thread kick([&] {
+        while (!stopped.load()) {
+            int fd = ::socket(self.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (fd < 0) break;
+            ::connect(fd, self.sockaddrPtr(), self.length);
+            ::close(fd);
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    });
+    exposer_.reset();
+    stopped.store(true);
+    kick.join();
+}
 
 uint16_t MetricsEndpoint::port() const {
     auto ports = exposer_->GetListeningPorts();

@@ -13,6 +13,7 @@
 
 #include <prometheus/collectable.h>
 
+#include "address.hpp"
 #include "reasons.hpp"
 
 namespace prometheus { class Exposer; }
@@ -57,6 +58,7 @@ public:
     uint16_t port() const;
 
 private:
+    SocketAddress address_;
     std::shared_ptr<prometheus::Collectable> collector_;
     std::unique_ptr<prometheus::Exposer> exposer_;
 };

@@ -247,7 +247,7 @@ void Worker::onWake() {
         LOG_INFO("draining %u connections (deadline %lld ms)", live_, static_cast<long long>(config_.drain_timeout.count()));
     }
     if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
-    if (draining_ && now_ms_ >= drain_deadline_ms_) onTick();
+    if (draining_ && now_ms_ >= drain_deadline_ms_) sweep();
     armWake();
 }
 
@@ -258,6 +258,17 @@ void Worker::armTick() {
 }
 
 void Worker::onTick() {
+    sweep();
+    for (uint32_t i = 0; i < listeners_.size(); ++i) {
+        if (listeners_[i].paused && !draining_) {
+            listeners_[i].paused = false;
+            armAccept(i);
+        }
+    }
+    armTick();
+}
+
+void Worker::sweep() {
     // Idle timeouts and the drain deadline: a linear sweep, a few times a second. A sweep over
     // 10k slots is microseconds, far cheaper than a timer per connection on the data path.
     bool deadline = draining_ && now_ms_ >= drain_deadline_ms_;
@@ -272,24 +283,20 @@ void Worker::onTick() {
         if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle)
             closeConn(c, slot, CloseReason::IdleTimeout);
     }
-    for (uint32_t i = 0; i < listeners_.size(); ++i) {
-        if (listeners_[i].paused && !draining_) {
-            listeners_[i].paused = false;
-            armAccept(i);
-        }
-    }
-    armTick();
 }
 
 void Worker::closeListeners() {
     for (ListenerState& l : listeners_) {
         if (l.closed) continue;
-        // Cancel the armed accept, then close: hardlinked so the close runs even when the
-        // cancel finds nothing. Connections still in this socket's accept queue are reset by
-        // the kernel; the other workers' sockets in the group keep nothing for us either, as
-        // every worker drains at once.
+        // shutdown() first: it takes a listening socket out of LISTEN (and out of its
+        // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
+        // to the file; close() alone would leave it completing handshakes nobody accepts until
+        // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
+        // armed accept then ends with an error; the cancel and close below release the rest.
+        ::shutdown(l.fd.get(), SHUT_RDWR);
         io_uring_sqe* sqe = ring_->sqe();
         io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
+        // Hardlinked: the close runs even when the cancel finds nothing armed.
         sqe->flags |= IOSQE_IO_HARDLINK;
         io_uring_sqe_set_data64(sqe, UserData{}.pack());
         sqe = ring_->sqe();
@@ -472,7 +479,7 @@ void Worker::armPollOut(Conn& c, uint32_t slot, int d) {
 
 void Worker::armWatch(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
-    if (dir.watch || dir.eof) return;
+    if (dir.watch || dir.eof || dir.src_hup) return;
     // While a direction waits for dst to drain it does not read src, so nothing would notice an
     // RST there. POLLRDHUP alone does not fire on data (no wake-up per segment), only on FIN;
     // POLLERR and POLLHUP are always reported.
@@ -496,8 +503,9 @@ void Worker::onWatch(Conn& c, uint32_t slot, int d, int res) {
         ::getsockopt(c.fd[d], SOL_SOCKET, SO_ERROR, &err, &len);
         failDirection(c, slot, d, true, err != 0 ? err : ECONNRESET);
     }
-    // POLLRDHUP alone: a FIN, which the direction reads in order once dst drains. Not re-armed:
-    // the condition is level-triggered and would fire again at once.
+    // POLLRDHUP alone: a FIN, which the direction reads in order once dst drains. Never armed
+    // again: the condition is level-triggered and would fire at once, every time.
+    c.dir[d].src_hup = true;
 }
 
 void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {

@@ -65,6 +65,8 @@ private:
     void onWake();
     void armTick();
     void onTick();
+    // Idle timeouts and the drain deadline.
+    void sweep();
     void closeListeners();
 
     // Connections.

@@ -1,0 +1,720 @@
+#include "support/relay_process.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+namespace zcrelay::test {
+
+// ---------------------------------------------------------------------------------------------
+// TempDir and files.
+
+TempDir::TempDir() {
+    const char* base = std::getenv("TMPDIR");
+    std::string templ = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
+                        "/zcrelay-test-XXXXXX";
+    std::vector<char> buf(templ.begin(), templ.end());
+    buf.push_back('\0');
+    if (::mkdtemp(buf.data()) != nullptr) path_ = buf.data();
+}
+
+TempDir::~TempDir() {
+    if (path_.empty() || std::getenv("ZCRELAY_KEEP_TEST_DIRS") != nullptr) return;
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+}
+
+std::string TempDir::writeFile(const std::string& name, const std::string& content) const {
+    std::string p = file(name);
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << content;
+    return p;
+}
+
+std::string readFileText(const std::string& path, size_t max_bytes) {
+    std::ifstream in(path, std::ios::binary);
+    std::string out(max_bytes, '\0');
+    in.read(out.data(), static_cast<std::streamsize>(max_bytes));
+    out.resize(static_cast<size_t>(in.gcount()));
+    return out;
+}
+
+std::string fileTail(const std::string& path, size_t max_bytes) {
+    std::ifstream in(path, std::ios::binary | std::ios::ate);
+    if (!in) return "";
+    auto size = static_cast<size_t>(in.tellg());
+    size_t start = size > max_bytes ? size - max_bytes : 0;
+    in.seekg(static_cast<std::streamoff>(start));
+    std::string out(size - start, '\0');
+    in.read(out.data(), static_cast<std::streamsize>(out.size()));
+    out.resize(static_cast<size_t>(in.gcount()));
+    return (start > 0 ? "[...]" : "") + out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ChildProcess.
+
+std::string ExitStatus::describe() const {
+    std::ostringstream os;
+    if (exited)
+        os << "exited with code " << code;
+    else if (signal != 0)
+        os << "killed by signal " << signal << " (" << strsignal(signal) << ")";
+    else
+        os << "no exit status";
+    if (timed_out) os << " after it did not exit in time and was SIGKILLed by the test";
+    return os.str();
+}
+
+ChildProcess::~ChildProcess() {
+    if (pid_ > 0 && !status_) killAndWait();
+}
+
+bool ChildProcess::spawn(const Options& options, std::string& error) {
+    if (options.argv.empty()) {
+        error = "empty argv";
+        return false;
+    }
+    // Everything the child needs is prepared before fork: after fork (in a process with threads)
+    // only async-signal-safe calls are allowed.
+    std::vector<std::string> args = options.argv;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    Fd in(::open(options.stdin_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!in) {
+        error = "open " + options.stdin_path + ": " + std::strerror(errno);
+        return false;
+    }
+    Fd out;
+    if (options.stdout_fd < 0 && !options.stdout_path.empty()) {
+        out.reset(::open(options.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                         0644));
+        if (!out) {
+            error = "open " + options.stdout_path + ": " + std::strerror(errno);
+            return false;
+        }
+    }
+    int out_fd = options.stdout_fd >= 0 ? options.stdout_fd : out.get();
+    Fd err;
+    if (!options.stderr_path.empty()) {
+        err.reset(::open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
+                         0644));
+        if (!err) {
+            error = "open " + options.stderr_path + ": " + std::strerror(errno);
+            return false;
+        }
+    }
+    int status_pipe[2];
+    if (::pipe2(status_pipe, O_CLOEXEC) != 0) {
+        error = std::string("pipe2: ") + std::strerror(errno);
+        return false;
+    }
+    Fd status_read(status_pipe[0]);
+    Fd status_write(status_pipe[1]);
+    pid_t parent = ::getpid();
+
+    pid_t pid = ::fork();
+    if (pid < 0) {
+        error = std::string("fork: ") + std::strerror(errno);
+        return false;
+    }
+    if (pid == 0) {
+        // Child. If the test process dies, take the child with it.
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (::getppid() != parent) ::_exit(127);
+        sigset_t none;
+        sigemptyset(&none);
+        ::sigprocmask(SIG_SETMASK, &none, nullptr);
+        ::signal(SIGPIPE, SIG_DFL);
+        ::dup2(in.get(), 0);
+        if (out_fd >= 0) ::dup2(out_fd, 1);
+        if (err.valid()) ::dup2(err.get(), 2);
+        ::execv(argv[0], argv.data());
+        int e = errno;
+        ssize_t ignored = ::write(status_write.get(), &e, sizeof e);
+        (void)ignored;
+        ::_exit(127);
+    }
+    pid_ = pid;
+    status_write.reset();
+    // EOF on the status pipe means exec succeeded (CLOEXEC closed it); an int means it failed.
+    int child_errno = 0;
+    ssize_t n;
+    do {
+        n = ::read(status_read.get(), &child_errno, sizeof child_errno);
+    } while (n < 0 && errno == EINTR);
+    pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (n == static_cast<ssize_t>(sizeof child_errno)) {
+        error = "exec " + args[0] + ": " + std::strerror(child_errno);
+        waitExit(Millis{5'000});
+        return false;
+    }
+    return true;
+}
+
+bool ChildProcess::reap(bool block) {
+    if (status_) return true;
+    if (pid_ <= 0) return false;
+    int st = 0;
+    pid_t r;
+    do {
+        r = ::waitpid(pid_, &st, block ? 0 : WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r != pid_) return false;
+    ExitStatus s;
+    if (WIFEXITED(st)) {
+        s.exited = true;
+        s.code = WEXITSTATUS(st);
+    } else if (WIFSIGNALED(st)) {
+        s.signal = WTERMSIG(st);
+    }
+    status_ = s;
+    pidfd_.reset();
+    return true;
+}
+
+bool ChildProcess::running() { return pid_ > 0 && !reap(false); }
+
+bool ChildProcess::sendSignal(int sig) {
+    if (pid_ <= 0 || status_) return false;
+    return ::kill(pid_, sig) == 0;  // only ever our own child's pid
+}
+
+std::optional<ExitStatus> ChildProcess::waitExit(Millis timeout) {
+    if (pid_ <= 0) return std::nullopt;
+    auto deadline = Clock::now() + timeout;
+    for (;;) {
+        if (reap(false)) return status_;
+        auto now = Clock::now();
+        if (now >= deadline) return std::nullopt;
+        auto left = std::chrono::duration_cast<Millis>(deadline - now).count() + 1;
+        if (pidfd_.valid()) {
+            pollfd p{pidfd_.get(), POLLIN, 0};
+            ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 100)));
+        } else {
+            std::this_thread::sleep_for(Millis{std::min<int64_t>(left, 5)});
+        }
+    }
+}
+
+ExitStatus ChildProcess::killAndWait() {
+    if (status_) return *status_;
+    sendSignal(SIGKILL);
+    auto s = waitExit(Millis{10'000});
+    if (!s) reap(true);  // SIGKILL cannot be ignored; this returns
+    ExitStatus out = status_.value_or(ExitStatus{});
+    out.timed_out = true;
+    return out;
+}
+
+std::string CommandResult::describe() const {
+    std::ostringstream os;
+    if (!spawn_error.empty()) os << "spawn failed: " << spawn_error << "\n";
+    os << "status: " << status.describe() << "\n--- stdout ---\n"
+       << out << "\n--- stderr ---\n"
+       << err;
+    return os.str();
+}
+
+CommandResult runCommand(const std::vector<std::string>& argv, Millis timeout,
+                         const std::string& stdin_path) {
+    CommandResult result;
+    TempDir dir;
+    ChildProcess::Options opts;
+    opts.argv = argv;
+    opts.stdin_path = stdin_path;
+    opts.stdout_path = dir.file("stdout");
+    opts.stderr_path = dir.file("stderr");
+    ChildProcess child;
+    if (!child.spawn(opts, result.spawn_error)) {
+        result.status.exited = true;
+        result.status.code = 127;
+        return result;
+    }
+    auto st = child.waitExit(timeout);
+    result.status = st ? *st : child.killAndWait();
+    result.out = readFileText(opts.stdout_path);
+    result.err = readFileText(opts.stderr_path);
+    return result;
+}
+
+std::optional<std::string> findExecutable(const std::string& name) {
+    std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
+    path += ":/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin";
+    std::stringstream ss(path);
+    std::string dir;
+    while (std::getline(ss, dir, ':')) {
+        if (dir.empty()) continue;
+        std::string candidate = dir + "/" + name;
+        if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return std::nullopt;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config.
+
+std::string RelayConfig::yaml() const {
+    std::ostringstream os;
+    os << "workers: " << workers << "\n";
+    os << "drain_timeout: " << drain_timeout << "\n";
+    os << "metrics:\n  listen: \"" << metrics_listen << "\"\n";
+    if (!extra_yaml.empty()) os << extra_yaml << (extra_yaml.back() == '\n' ? "" : "\n");
+    os << "listeners:\n";
+    for (const auto& l : listeners) {
+        os << "  - name: " << l.name << "\n";
+        os << "    listen: \"" << l.listen << "\"\n";
+        os << "    upstream: \"" << l.upstream << "\"\n";
+        os << "    mode: " << l.mode << "\n";
+        os << "    pipe_size: " << l.pipe_size << "\n";
+        os << "    connect_timeout: " << l.connect_timeout << "\n";
+        os << "    idle_timeout: " << l.idle_timeout << "\n";
+        if (!l.extra_yaml.empty())
+            os << l.extra_yaml << (l.extra_yaml.back() == '\n' ? "" : "\n");
+    }
+    return os.str();
+}
+
+RelayConfig singleListenerConfig(const std::string& upstream_host_port, const std::string& mode,
+                                 int family) {
+    RelayConfig c;
+    ListenerSpec l;
+    l.listen = family == AF_INET6 ? "[::1]:0" : "127.0.0.1:0";
+    l.upstream = upstream_host_port;
+    l.mode = mode;
+    c.listeners.push_back(l);
+    return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus text format.
+
+namespace {
+
+bool isNameChar(char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':';
+}
+
+// Parses one sample line; false for comments, blanks and anything malformed.
+bool parseSampleLine(const std::string& line, Sample& out) {
+    size_t i = 0;
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    if (i >= line.size() || line[i] == '#') return false;
+    size_t start = i;
+    while (i < line.size() && isNameChar(line[i])) ++i;
+    out.name = line.substr(start, i - start);
+    out.labels.clear();
+    if (out.name.empty()) return false;
+    if (i < line.size() && line[i] == '{') {
+        ++i;
+        for (;;) {
+            while (i < line.size() && (line[i] == ' ' || line[i] == ',')) ++i;
+            if (i >= line.size()) return false;
+            if (line[i] == '}') {
+                ++i;
+                break;
+            }
+            size_t ks = i;
+            while (i < line.size() && isNameChar(line[i])) ++i;
+            std::string key = line.substr(ks, i - ks);
+            if (i + 1 >= line.size() || line[i] != '=' || line[i + 1] != '"') return false;
+            i += 2;
+            std::string value;
+            while (i < line.size() && line[i] != '"') {
+                if (line[i] == '\\' && i + 1 < line.size()) {
+                    ++i;
+                    value += line[i] == 'n' ? '\n' : line[i];
+                } else {
+                    value += line[i];
+                }
+                ++i;
+            }
+            if (i >= line.size()) return false;
+            ++i;  // closing quote
+            out.labels[key] = value;
+        }
+    }
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    size_t vs = i;
+    while (i < line.size() && line[i] != ' ' && line[i] != '\t') ++i;
+    std::string v = line.substr(vs, i - vs);
+    if (v.empty()) return false;
+    char* end = nullptr;
+    out.value = std::strtod(v.c_str(), &end);
+    return end != nullptr && *end == '\0';
+}
+
+std::string decodeChunked(const std::string& body) {
+    std::string out;
+    size_t pos = 0;
+    while (pos < body.size()) {
+        size_t eol = body.find("\r\n", pos);
+        if (eol == std::string::npos) break;
+        size_t len = std::strtoul(body.substr(pos, eol - pos).c_str(), nullptr, 16);
+        if (len == 0) break;
+        out.append(body, eol + 2, len);
+        pos = eol + 2 + len + 2;
+    }
+    return out;
+}
+
+bool splitHostPort(const std::string& hp, std::string& host, uint16_t& port) {
+    size_t colon = hp.rfind(':');
+    if (colon == std::string::npos) return false;
+    host = hp.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+        host = host.substr(1, host.size() - 2);
+    long p = std::strtol(hp.c_str() + colon + 1, nullptr, 10);
+    if (p <= 0 || p > 65535) return false;
+    port = static_cast<uint16_t>(p);
+    return true;
+}
+
+std::optional<std::string> procStatusField(pid_t pid, const std::string& field) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind(field + ":", 0) == 0) return line.substr(field.size() + 1);
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
+std::vector<Sample> parseMetrics(const std::string& text) {
+    std::vector<Sample> out;
+    std::istringstream in(text);
+    std::string line;
+    Sample s;
+    while (std::getline(in, line)) {
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (parseSampleLine(line, s)) out.push_back(s);
+    }
+    return out;
+}
+
+std::optional<double> findSample(const std::string& text, const std::string& name,
+                                 const Labels& labels) {
+    for (const auto& s : parseMetrics(text)) {
+        if (s.name == name && s.labels == labels) return s.value;
+    }
+    return std::nullopt;
+}
+
+std::string formatSeries(const std::string& name, const Labels& labels) {
+    std::string out = name;
+    if (!labels.empty()) {
+        out += "{";
+        bool first = true;
+        for (const auto& [k, v] : labels) {
+            if (!first) out += ",";
+            first = false;
+            out += k + "=\"" + v + "\"";
+        }
+        out += "}";
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// RelayProcess.
+
+RelayProcess::~RelayProcess() {
+    if (child_.pid() > 0 && child_.running()) child_.killAndWait();
+    stop_stdout_.store(true);
+    if (stdout_thread_.joinable()) stdout_thread_.join();
+}
+
+::testing::AssertionResult RelayProcess::start(const RelayConfig& config) {
+    if (dir_.path().empty()) return ::testing::AssertionFailure() << "mkdtemp failed";
+    config_path_ = dir_.writeFile("zcrelay.yaml", config.yaml());
+    return launch({"-c", config_path_});
+}
+
+::testing::AssertionResult RelayProcess::startWithArgs(const std::vector<std::string>& args) {
+    if (dir_.path().empty()) return ::testing::AssertionFailure() << "mkdtemp failed";
+    return launch(args);
+}
+
+::testing::AssertionResult RelayProcess::launch(const std::vector<std::string>& args) {
+    if (child_.pid() > 0) return ::testing::AssertionFailure() << "RelayProcess started twice";
+    stderr_path_ = dir_.file("stderr.log");
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0)
+        return ::testing::AssertionFailure() << "pipe2: " << std::strerror(errno);
+    stdout_read_.reset(p[0]);
+    Fd write_end(p[1]);
+
+    ChildProcess::Options opts;
+    opts.argv.push_back(kRelayBinary);
+    opts.argv.insert(opts.argv.end(), args.begin(), args.end());
+    opts.stdout_fd = write_end.get();
+    opts.stderr_path = stderr_path_;
+    std::string error;
+    if (!child_.spawn(opts, error))
+        return ::testing::AssertionFailure() << "could not start " << kRelayBinary << ": " << error;
+    write_end.reset();  // the child holds the only write end now: EOF when it exits
+    stdout_thread_ = std::thread([this] { drainStdout(); });
+
+    // Wait for the ready line, the child's death, or the deadline.
+    auto deadline = Clock::now() + kReadyTimeout;
+    for (;;) {
+        {
+            std::unique_lock lock(out_mu_);
+            out_cv_.wait_for(lock, Millis{50}, [&] {
+                return stdout_.find("zcrelay: ready\n") != std::string::npos || stdout_eof_;
+            });
+            if (stdout_.find("zcrelay: ready\n") != std::string::npos) break;
+        }
+        if (!child_.running()) {
+            child_.waitExit(Millis{1'000});
+            return ::testing::AssertionFailure()
+                   << "zcrelay exited before printing \"zcrelay: ready\"\n"
+                   << diagnostics();
+        }
+        if (Clock::now() >= deadline) {
+            return ::testing::AssertionFailure()
+                   << "zcrelay did not print \"zcrelay: ready\" within " << kReadyTimeout.count()
+                   << " ms\n"
+                   << diagnostics();
+        }
+    }
+    if (!parseReadyOutput(error))
+        return ::testing::AssertionFailure() << error << "\n" << diagnostics();
+    return ::testing::AssertionSuccess();
+}
+
+void RelayProcess::drainStdout() {
+    // A pipe, not a socket: poll + read(2). Ends at EOF (the child exited) or when told to stop.
+    char buf[4096];
+    for (;;) {
+        ssize_t n = 0;
+        if (stop_stdout_.load()) {
+            n = 0;
+        } else {
+            pollfd p{stdout_read_.get(), POLLIN, 0};
+            int r = ::poll(&p, 1, 100);
+            if (r == 0 || (r < 0 && errno == EINTR)) continue;
+            n = r < 0 ? -1 : ::read(stdout_read_.get(), buf, sizeof buf);
+            if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        }
+        std::lock_guard lock(out_mu_);
+        if (n > 0) {
+            // Keep the head (the startup lines) and a bounded amount after it.
+            if (stdout_.size() < (1 << 20)) stdout_.append(buf, static_cast<size_t>(n));
+        } else {
+            stdout_eof_ = true;
+        }
+        out_cv_.notify_all();
+        if (n <= 0) return;
+    }
+}
+
+bool RelayProcess::parseReadyOutput(std::string& error) {
+    static const std::regex kListenerLine(
+        R"(^zcrelay: listener (\S+) listening on (\S+) -> (\S+) \(mode (\w+)\)$)");
+    static const std::regex kMetricsLine(R"(^zcrelay: metrics on http://(\S+)/metrics$)");
+    std::string text = stdoutText();
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+        std::smatch m;
+        if (std::regex_match(line, m, kListenerLine)) {
+            ListenerInfo info;
+            info.name = m[1];
+            info.upstream = m[3];
+            info.mode = m[4];
+            if (!splitHostPort(m[2], info.host, info.port)) {
+                error = "cannot parse the listen address in: " + line;
+                return false;
+            }
+            listeners_.push_back(info);
+        } else if (std::regex_match(line, m, kMetricsLine)) {
+            if (!splitHostPort(m[1], metrics_host_, metrics_port_)) {
+                error = "cannot parse the metrics address in: " + line;
+                return false;
+            }
+        } else if (line == "zcrelay: ready") {
+            break;
+        }
+    }
+    if (listeners_.empty()) {
+        error = "no \"zcrelay: listener NAME listening on ADDR -> UPSTREAM (mode M)\" line before "
+                "ready";
+        return false;
+    }
+    return true;
+}
+
+const ListenerInfo* RelayProcess::listener(const std::string& name) const {
+    for (const auto& l : listeners_) {
+        if (name.empty() || l.name == name) return &l;
+    }
+    return nullptr;
+}
+
+uint16_t RelayProcess::port(const std::string& name) const {
+    const ListenerInfo* l = listener(name);
+    return l != nullptr ? l->port : 0;
+}
+
+std::string RelayProcess::host(const std::string& name) const {
+    const ListenerInfo* l = listener(name);
+    return l != nullptr ? l->host : "";
+}
+
+std::optional<std::string> RelayProcess::scrape(std::string* error) const {
+    auto fail = [&](const std::string& e) -> std::optional<std::string> {
+        if (error != nullptr) *error = e;
+        return std::nullopt;
+    };
+    if (metrics_port_ == 0) return fail("no metrics port was printed");
+    Connected c = connectTo(metrics_host_, metrics_port_, Millis{2'000});
+    if (!c.fd) return fail("metrics " + c.error);
+    std::string req = "GET /metrics HTTP/1.0\r\nHost: " + metrics_host_ + "\r\n\r\n";
+    IoResult w = writeAll(c.fd.get(), req.data(), req.size(), Millis{2'000});
+    if (!w.ok()) return fail("metrics request: " + w.describe());
+    std::string resp;
+    IoResult r = readUntilEof(c.fd.get(), resp, Millis{5'000});
+    if (r.status != IoStatus::Eof) return fail("metrics response: " + r.describe());
+    size_t eol = resp.find("\r\n");
+    std::string status_line = resp.substr(0, eol);
+    if (status_line.find(" 200") == std::string::npos)
+        return fail("metrics status: " + status_line);
+    size_t hdr_end = resp.find("\r\n\r\n");
+    if (hdr_end == std::string::npos) return fail("metrics response has no header end");
+    std::string headers = resp.substr(0, hdr_end);
+    std::string body = resp.substr(hdr_end + 4);
+    std::string lower;
+    for (char ch : headers) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    if (lower.find("transfer-encoding: chunked") != std::string::npos) body = decodeChunked(body);
+    return body;
+}
+
+std::optional<double> RelayProcess::metric(const std::string& name, const Labels& labels) const {
+    auto body = scrape();
+    if (!body) return std::nullopt;
+    return findSample(*body, name, labels);
+}
+
+::testing::AssertionResult RelayProcess::waitForMetric(
+    const std::string& name, const Labels& labels, const std::function<bool(double)>& predicate,
+    const std::string& expectation, Millis timeout) const {
+    auto deadline = Clock::now() + timeout;
+    std::optional<double> last;
+    std::string last_body;
+    std::string last_error;
+    for (;;) {
+        std::string err;
+        auto body = scrape(&err);
+        if (body) {
+            last_body = *body;
+            last = findSample(*body, name, labels);
+            if (last && predicate(*last)) return ::testing::AssertionSuccess();
+        } else {
+            last_error = err;
+        }
+        if (Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(Millis{20});
+    }
+    auto f = ::testing::AssertionFailure();
+    f << formatSeries(name, labels) << ": expected " << expectation << " within "
+      << timeout.count() << " ms; ";
+    if (last)
+        f << "last value " << *last;
+    else
+        f << "the sample was absent";
+    if (!last_error.empty()) f << "; last scrape error: " << last_error;
+    // The family's lines from the last good scrape, to see what the relay did export.
+    std::istringstream in(last_body);
+    std::string line;
+    std::string family_lines;
+    while (std::getline(in, line)) {
+        if (line.rfind(name, 0) == 0) family_lines += "\n  " + line;
+    }
+    if (!family_lines.empty()) f << "\nexported:" << family_lines;
+    return f;
+}
+
+::testing::AssertionResult RelayProcess::waitForMetric(const std::string& name,
+                                                       const Labels& labels, double expected,
+                                                       Millis timeout) const {
+    std::ostringstream what;
+    what.precision(17);
+    what << "== " << expected;
+    return waitForMetric(
+        name, labels, [expected](double v) { return v == expected; }, what.str(), timeout);
+}
+
+std::optional<int> RelayProcess::threadCount() const {
+    if (pid() <= 0) return std::nullopt;
+    auto v = procStatusField(pid(), "Threads");
+    if (!v) return std::nullopt;
+    return std::atoi(v->c_str());
+}
+
+std::optional<long> RelayProcess::rssKiB() const {
+    if (pid() <= 0) return std::nullopt;
+    auto v = procStatusField(pid(), "VmRSS");
+    if (!v) return std::nullopt;
+    return std::atol(v->c_str());  // "   12345 kB"
+}
+
+std::optional<int> RelayProcess::openFdCount() const {
+    if (pid() <= 0) return std::nullopt;
+    std::string path = "/proc/" + std::to_string(pid()) + "/fd";
+    DIR* d = ::opendir(path.c_str());
+    if (d == nullptr) return std::nullopt;
+    int n = 0;
+    while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] != '.') ++n;
+    }
+    ::closedir(d);
+    return n;
+}
+
+ExitStatus RelayProcess::terminate(Millis timeout) {
+    if (auto s = child_.status()) return *s;
+    sendSignal(SIGTERM);
+    auto s = child_.waitExit(timeout);
+    if (s) return *s;
+    ExitStatus killed = child_.killAndWait();
+    ADD_FAILURE() << "zcrelay (pid " << pid() << ") did not exit within " << timeout.count()
+                  << " ms of SIGTERM; SIGKILLed it\n"
+                  << diagnostics();
+    return killed;
+}
+
+std::string RelayProcess::stdoutText() const {
+    std::lock_guard lock(out_mu_);
+    return stdout_;
+}
+
+std::string RelayProcess::diagnostics() const {
+    std::ostringstream os;
+    os << "--- zcrelay pid " << pid() << ", binary " << kRelayBinary;
+    if (!config_path_.empty()) os << ", config " << config_path_;
+    if (auto s = child_.status()) os << ", " << s->describe();
+    os << "\n";
+    if (!config_path_.empty()) os << "--- config ---\n" << readFileText(config_path_, 16384);
+    os << "--- stdout ---\n" << stdoutText() << "\n--- stderr (tail) ---\n"
+       << fileTail(stderr_path_, 8192) << "\n---";
+    return os.str();
+}
+
+}  // namespace zcrelay::test

@@ -1,0 +1,273 @@
+#pragma once
+// The real zcrelay binary as a test fixture: write a YAML config into a temp dir, fork/exec
+// ZCRELAY_BINARY, wait for "zcrelay: ready", learn the ports from stdout, scrape /metrics, look at
+// /proc/PID, stop it with SIGTERM. Also a small fork/exec helper for other programs (nc, iptables).
+//
+// Everything is bounded: start waits at most 15 s, scrapes 5 s, waits on metrics their timeout,
+// terminate() SIGKILLs after its timeout and records a test failure. Only the PID this fixture
+// started is ever signalled.
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/loopback.hpp"
+
+#ifndef ZCRELAY_BINARY
+#error "ZCRELAY_BINARY (path of the zcrelay binary, a string literal) must be defined"
+#endif
+
+namespace zcrelay::test {
+
+inline constexpr const char* kRelayBinary = ZCRELAY_BINARY;
+inline constexpr Millis kReadyTimeout{15'000};
+inline constexpr Millis kMetricTimeout{10'000};
+
+// ---------------------------------------------------------------------------------------------
+// Temp dirs and child processes.
+
+// mkdtemp under $TMPDIR (or /tmp); removed recursively by the destructor unless
+// ZCRELAY_KEEP_TEST_DIRS is set in the environment.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::string& path() const { return path_; }
+    std::string file(const std::string& name) const { return path_ + "/" + name; }
+    // Writes `content` to path()/name and returns the full path.
+    std::string writeFile(const std::string& name, const std::string& content) const;
+
+private:
+    std::string path_;
+};
+
+std::string readFileText(const std::string& path, size_t max_bytes = 1 << 20);
+// The last `max_bytes` of a file (for failure output).
+std::string fileTail(const std::string& path, size_t max_bytes = 8192);
+
+struct ExitStatus {
+    bool exited = false;  // normal exit; `code` is valid
+    int code = -1;
+    int signal = 0;          // killed by this signal
+    bool timed_out = false;  // did not exit in time; we SIGKILLed it
+    bool cleanExit() const { return exited && code == 0; }
+    std::string describe() const;
+};
+
+// One forked child. Never signals anything but its own pid.
+class ChildProcess {
+public:
+    struct Options {
+        std::vector<std::string> argv;  // argv[0] is the path to exec (no PATH search)
+        std::string stdin_path = "/dev/null";
+        std::string stdout_path;  // empty: inherit (unless stdout_fd is given)
+        int stdout_fd = -1;       // e.g. a pipe's write end; wins over stdout_path
+        std::string stderr_path;  // empty: inherit
+    };
+
+    ChildProcess() = default;
+    ~ChildProcess();  // SIGKILLs and reaps the child if it is still running
+    ChildProcess(const ChildProcess&) = delete;
+    ChildProcess& operator=(const ChildProcess&) = delete;
+
+    // Returns false with `error` set if the fork or the exec failed.
+    bool spawn(const Options& options, std::string& error);
+    pid_t pid() const { return pid_; }
+    bool running();
+    bool sendSignal(int sig);
+    // The exit status, or nullopt if the child is still running after `timeout`.
+    std::optional<ExitStatus> waitExit(Millis timeout);
+    // SIGKILL, then reap (bounded). The status has timed_out set.
+    ExitStatus killAndWait();
+    const std::optional<ExitStatus>& status() const { return status_; }
+
+private:
+    bool reap(bool block);
+
+    pid_t pid_ = -1;
+    Fd pidfd_;
+    std::optional<ExitStatus> status_;
+};
+
+struct CommandResult {
+    ExitStatus status;
+    std::string out;
+    std::string err;
+    std::string spawn_error;
+    std::string describe() const;  // status + both outputs, for failure messages
+};
+// Runs argv to completion (bounded: SIGKILL after `timeout`), capturing stdout and stderr.
+CommandResult runCommand(const std::vector<std::string>& argv, Millis timeout = Millis{30'000},
+                         const std::string& stdin_path = "/dev/null");
+
+// Full path of `name` on $PATH plus /usr/sbin and /sbin, or nullopt.
+std::optional<std::string> findExecutable(const std::string& name);
+
+// ---------------------------------------------------------------------------------------------
+// Relay configuration as the tests write it.
+
+struct ListenerSpec {
+    std::string name = "t";
+    std::string listen = "127.0.0.1:0";
+    std::string upstream;
+    std::string mode = "splice";
+    std::string pipe_size = "1MiB";
+    std::string connect_timeout = "5s";
+    std::string idle_timeout = "300s";
+    std::string extra_yaml;  // more keys for this listener, already indented by 4 spaces
+};
+
+struct RelayConfig {
+    int workers = 2;
+    std::string drain_timeout = "30s";
+    std::string metrics_listen = "127.0.0.1:0";
+    std::vector<ListenerSpec> listeners;
+    std::string extra_yaml;  // more top-level keys
+    std::string yaml() const;
+};
+
+// The usual single-listener config "t": listen on loopback port 0 of `family`, relay to
+// `upstream_host_port` in `mode`.
+RelayConfig singleListenerConfig(const std::string& upstream_host_port, const std::string& mode,
+                                 int family = AF_INET);
+
+// ---------------------------------------------------------------------------------------------
+// Prometheus text parsing.
+
+using Labels = std::map<std::string, std::string>;
+
+struct Sample {
+    std::string name;
+    Labels labels;
+    double value = 0;
+};
+std::vector<Sample> parseMetrics(const std::string& text);
+// The sample with exactly this name and exactly this label set, or nullopt.
+std::optional<double> findSample(const std::string& text, const std::string& name,
+                                 const Labels& labels);
+std::string formatSeries(const std::string& name, const Labels& labels);  // name{a="b",...}
+
+// The metric names of the contract, so a typo fails to compile instead of timing out.
+namespace metric {
+inline constexpr const char* kConnectionsTotal = "zcrelay_connections_total";
+inline constexpr const char* kConnectionsActive = "zcrelay_connections_active";
+inline constexpr const char* kBytesTotal = "zcrelay_bytes_total";
+inline constexpr const char* kConnectFailuresTotal = "zcrelay_upstream_connect_failures_total";
+inline constexpr const char* kClosedTotal = "zcrelay_connections_closed_total";
+inline constexpr const char* kPipeFallbacksTotal = "zcrelay_pipe_fallbacks_total";
+inline constexpr const char* kPipesInUse = "zcrelay_pipes_in_use";
+inline constexpr const char* kPipesCached = "zcrelay_pipes_cached";  // optional, not in the contract
+inline constexpr const char* kProcessThreads = "zcrelay_process_threads";
+inline constexpr const char* kAcceptPausedTotal = "zcrelay_accept_paused_total";
+
+inline constexpr const char* kClosedReasons[] = {"done",        "client_reset", "upstream_reset",
+                                                 "connect_failed", "idle_timeout", "drain",
+                                                 "error"};
+inline constexpr const char* kConnectFailureReasons[] = {"refused", "timeout", "unreachable",
+                                                         "addr_not_avail", "other"};
+inline constexpr const char* kPipeFallbackReasons[] = {"pool_exhausted", "pipe_limit", "emfile"};
+
+inline Labels listener(const std::string& name = "t") { return {{"listener", name}}; }
+// direction: "upstream" (client -> upstream) or "downstream" (upstream -> client)
+inline Labels bytes(const std::string& direction, const std::string& name = "t") {
+    return {{"listener", name}, {"direction", direction}};
+}
+inline Labels reason(const std::string& why, const std::string& name = "t") {
+    return {{"listener", name}, {"reason", why}};
+}
+}  // namespace metric
+
+// ---------------------------------------------------------------------------------------------
+
+struct ListenerInfo {
+    std::string name;
+    std::string host;  // without brackets: "127.0.0.1" or "::1"
+    uint16_t port = 0;
+    std::string upstream;
+    std::string mode;
+};
+
+class RelayProcess {
+public:
+    RelayProcess() = default;
+    ~RelayProcess();
+    RelayProcess(const RelayProcess&) = delete;
+    RelayProcess& operator=(const RelayProcess&) = delete;
+
+    // Writes the config, spawns `zcrelay -c FILE`, waits for "zcrelay: ready".
+    ::testing::AssertionResult start(const RelayConfig& config);
+    // Spawns `zcrelay ARGS...` (e.g. the --listen/--upstream shorthand) and waits for ready.
+    ::testing::AssertionResult startWithArgs(const std::vector<std::string>& args);
+
+    pid_t pid() const { return child_.pid(); }
+    const std::string& configPath() const { return config_path_; }
+    const std::string& dir() const { return dir_.path(); }
+
+    // The listener of that name (empty: the first one printed), or nullptr.
+    const ListenerInfo* listener(const std::string& name = "") const;
+    uint16_t port(const std::string& name = "") const;
+    std::string host(const std::string& name = "") const;
+    const std::vector<ListenerInfo>& listeners() const { return listeners_; }
+    uint16_t metricsPort() const { return metrics_port_; }
+
+    // HTTP/1.0 GET /metrics on 127.0.0.1:<metrics port>; the body, or nullopt with `error` set.
+    std::optional<std::string> scrape(std::string* error = nullptr) const;
+    // One sample with exactly these labels, from a fresh scrape.
+    std::optional<double> metric(const std::string& name, const Labels& labels = {}) const;
+    // Scrapes every 20 ms until the sample satisfies `predicate` or `timeout` passes.
+    ::testing::AssertionResult waitForMetric(const std::string& name, const Labels& labels,
+                                             const std::function<bool(double)>& predicate,
+                                             const std::string& expectation,
+                                             Millis timeout = kMetricTimeout) const;
+    ::testing::AssertionResult waitForMetric(const std::string& name, const Labels& labels,
+                                             double expected,
+                                             Millis timeout = kMetricTimeout) const;
+
+    // From /proc/PID: Threads:, number of /proc/PID/fd entries, VmRSS in KiB.
+    std::optional<int> threadCount() const;
+    std::optional<int> openFdCount() const;
+    std::optional<long> rssKiB() const;
+
+    bool running() { return child_.running(); }
+    bool sendSignal(int sig) { return child_.sendSignal(sig); }
+    std::optional<ExitStatus> waitExit(Millis timeout) { return child_.waitExit(timeout); }
+    // SIGTERM and wait; on timeout SIGKILL, ADD_FAILURE, and return a status with timed_out.
+    ExitStatus terminate(Millis timeout = Millis{15'000});
+
+    std::string stdoutText() const;
+    std::string stderrText() const { return fileTail(stderr_path_, 1 << 16); }
+    // Config path, exit status if any, stdout so far and the tail of stderr.
+    std::string diagnostics() const;
+
+private:
+    ::testing::AssertionResult launch(const std::vector<std::string>& args);
+    void drainStdout();
+    bool parseReadyOutput(std::string& error);
+
+    TempDir dir_;
+    std::string config_path_;
+    std::string stderr_path_;
+    ChildProcess child_;
+    Fd stdout_read_;
+    std::thread stdout_thread_;
+    std::atomic<bool> stop_stdout_{false};
+    mutable std::mutex out_mu_;
+    std::condition_variable out_cv_;
+    std::string stdout_;
+    bool stdout_eof_ = false;
+    std::vector<ListenerInfo> listeners_;
+    std::string metrics_host_ = "127.0.0.1";
+    uint16_t metrics_port_ = 0;
+};
+
+}  // namespace zcrelay::test
