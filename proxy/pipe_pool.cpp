@@ -33,6 +33,10 @@ tl::expected<Pipe, PipeFallback> PipePool::acquire() {
         return tl::unexpected(PipeFallback::Emfile);
     }
     Pipe p{fds[0], fds[1], 0, false};
+    if (p.write_fd >= fd_ceiling_) {
+        closePipe(p);
+        return tl::unexpected(PipeFallback::Emfile);
+    }
     int size = fcntl(p.write_fd, F_GETPIPE_SZ);
     if (size < static_cast<int>(kStartSize)) {
         // Over pipe-user-pages-soft the kernel gives a one-page pipe; try to set the normal size

@@ -36,8 +36,12 @@ public:
     static constexpr uint32_t kStartSize = 64 * 1024;
     static constexpr size_t kMaxCached = 64;
 
-    // `limit`: pipes this worker may hold at once (in use + cached).
-    PipePool(uint64_t limit, WorkerStats& stats) : limit_(limit), stats_(stats) { free_.reserve(kMaxCached); }
+    // `limit`: pipes this worker may hold at once (in use + cached). `fd_ceiling`: a pipe whose
+    // fds land at or above this number is refused (as Emfile), so pipes never eat the fds
+    // kept in reserve for the process's own needs: the kernel hands out the lowest free fd,
+    // so an fd that high means the table is nearly full.
+    PipePool(uint64_t limit, int fd_ceiling, WorkerStats& stats)
+        : limit_(limit), fd_ceiling_(fd_ceiling), stats_(stats) { free_.reserve(kMaxCached); }
     ~PipePool();
     PipePool(const PipePool&) = delete;
     PipePool& operator=(const PipePool&) = delete;
@@ -57,6 +61,7 @@ private:
     void closePipe(Pipe& pipe);
 
     uint64_t limit_;
+    int fd_ceiling_;
     uint64_t in_use_ = 0;
     std::vector<Pipe> free_;  // reserved to kMaxCached: no allocation after start
     WorkerStats& stats_;

@@ -1,11 +1,17 @@
 #include "server.hpp"
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "listener.hpp"
 #include "log.hpp"
 
 namespace zcrelay {
+namespace {
+constexpr uint64_t kReservedFds = 64;
+}  // namespace
 
 tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
     std::unique_ptr<Server> server(new Server(std::move(config)));
@@ -32,8 +38,18 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         }
     }
 
+    // The fd budget: every relayed connection costs two fds (client and upstream socket), and
+    // kReservedFds stay free for what is not a connection (rings, listeners, eventfds, the
+    // metrics server's sockets, each worker's spare). Pipes take what is left and fall back to
+    // copy when nothing is. So RLIMIT_NOFILE 20000 with 2 workers admits ~4984 per worker.
+    rlimit nofile{};
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    uint64_t usable = nofile.rlim_cur > kReservedFds ? nofile.rlim_cur - kReservedFds : 2;
+    uint32_t per_worker = static_cast<uint32_t>(std::max<uint64_t>(1, usable / 2 / cfg.workers));
+    LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
+             static_cast<unsigned long long>(nofile.rlim_cur), per_worker, per_worker * cfg.workers);
     for (unsigned w = 0; w < cfg.workers; ++w)
-        server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w])));
+        server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]), per_worker));
 
     if (cfg.metrics.enabled) {
         std::vector<const WorkerStats*> stats;

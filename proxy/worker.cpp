@@ -2,8 +2,10 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -23,7 +25,11 @@ constexpr unsigned kRingEntries = 4096;
 constexpr uint32_t kCopyBuffers = 256;          // per worker; a power of two (buffer ring)
 constexpr uint32_t kCopyBufferSize = 64 * 1024;
 constexpr uint16_t kBufGroup = 0;
-constexpr int64_t kAcceptRetryMs = 100;
+// Accepts armed at once per listener: enough to take a burst of connections per ring
+// round trip, few enough that the fd budget is never overshot by more than the batch.
+constexpr uint32_t kAcceptBatch = 16;
+// Pipes stop this far below RLIMIT_NOFILE: half of the fds the server keeps in reserve.
+constexpr rlim_t kPipeFdHeadroom = 32;
 
 int64_t monotonicMs() {
     timespec ts{};
@@ -60,8 +66,9 @@ int64_t tickFor(const Config& config) {
 
 }  // namespace
 
-Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds)
-    : id_(id), config_(config), name_("w" + std::to_string(id)), stats_(config.listeners.size()) {
+Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns)
+    : id_(id), config_(config), name_("w" + std::to_string(id)), max_conns_(max_conns),
+      stats_(config.listeners.size()) {
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
         listeners_[i].fd = std::move(listen_fds[i]);
@@ -110,11 +117,16 @@ Result<void> Worker::setUp() {
     bufs_ = std::move(*bufs);
     uint64_t pipes = config_.max_pipes / std::max(1u, config_.workers);
     if (config_.max_pipes > 0) pipes = std::max<uint64_t>(pipes, 1);
-    pipes_ = std::make_unique<PipePool>(pipes, stats_);
+    rlimit nofile{};
+    getrlimit(RLIMIT_NOFILE, &nofile);
+    int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
+    pipes_ = std::make_unique<PipePool>(pipes, ceiling, stats_);
+    spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
     if (!wake_fd_) return sysError("eventfd");
     starved_.reserve(4096);
     starved_retry_.reserve(4096);
+    fd_waiters_.reserve(1024);
     now_ms_ = monotonicMs();
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
     armWake();
@@ -143,6 +155,7 @@ void Worker::loop() {
         }
         io_uring_cq_advance(ring_->raw(), count);
         if (!starved_.empty() && buffers_freed_) retryStarved();
+        if (resume_pending_) resumeAccepting();
     }
 }
 
@@ -184,18 +197,25 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
 
 void Worker::armAccept(uint32_t li) {
     ListenerState& l = listeners_[li];
-    if (l.accepting || l.closed || l.paused) return;
-    io_uring_sqe* sqe = ring_->sqe();
-    // Multishot: one SQE keeps accepting until it errors, one CQE per connection. The accepted
-    // sockets come out nonblocking, as the inline splice needs.
-    io_uring_prep_multishot_accept(sqe, l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0}.pack());
-    l.accepting = true;
+    // Single-shot accepts, kAcceptBatch at a time, never more than the fd budget has room for.
+    // A multishot accept would be one SQE less per connection, but the kernel loops it until
+    // the backlog is empty: one burst could take thousands of connections past the budget
+    // and into EMFILE, where the fds the process needs for itself (its metrics socket) are.
+    while (!l.closed && !l.paused && !draining_ && l.armed < kAcceptBatch &&
+           live_ + accepts_armed_ < max_conns_) {
+        io_uring_sqe* sqe = ring_->sqe();
+        // The accepted sockets come out nonblocking, as the inline splice needs.
+        io_uring_prep_accept(sqe, l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0}.pack());
+        ++l.armed;
+        ++accepts_armed_;
+    }
 }
 
-void Worker::onAccept(uint32_t li, int res, uint32_t flags) {
+void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
     ListenerState& l = listeners_[li];
-    if (!(flags & IORING_CQE_F_MORE)) l.accepting = false;
+    --l.armed;
+    --accepts_armed_;
     if (res >= 0) {
         if (draining_) {
             ::close(res);
@@ -208,28 +228,55 @@ void Worker::onAccept(uint32_t li, int res, uint32_t flags) {
             int one = 1;
             ::setsockopt(res, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             startConnect(*c, slot);
+            // This worker's share of the fd budget is spent: stop accepting (backpressure:
+            // clients wait in the kernel's queue) rather than run into EMFILE.
+            if (live_ >= max_conns_) pauseAccepting();
         } else {
             ::close(res);
         }
     } else if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
-        // Out of fds (or socket memory): the connection stays in the kernel's accept queue.
-        // Stop accepting rather than spin on the same error; resume after a short pause or as
-        // soon as a connection of ours closes and gives an fd back.
-        if (!l.paused) {
-            LOG_WARN("accept on %s: %s; pausing accepts", config_.listeners[li].name.c_str(), strerror(-res));
-            stats_.accept_paused.add();
-        }
-        l.paused = true;
-        if (l.accepting) {
-            io_uring_sqe* sqe = ring_->sqe();
-            io_uring_prep_cancel_fd(sqe, l.fd.get(), 0);
-            io_uring_sqe_set_data64(sqe, UserData{}.pack());
-        }
+        // Out of fds (or socket memory) all the same, e.g. pipes took them: the connection stays
+        // in the kernel's accept queue until we have room.
+        LOG_WARN("accept on %s: %s; pausing accepts", config_.listeners[li].name.c_str(), strerror(-res));
+        pauseAccepting();
         return;
-    } else if (res != -ECANCELED && res != -EINTR && res != -ECONNABORTED && res != -EAGAIN) {
+    } else if (res != -ECANCELED && res != -EINTR && res != -ECONNABORTED && res != -EAGAIN &&
+               res != -EINVAL) {
+        // -EINVAL: the listener was shut down for draining.
         LOG_WARN("accept on %s: %s", config_.listeners[li].name.c_str(), strerror(-res));
     }
-    if (!l.accepting && !draining_) armAccept(li);
+    armAccept(li);
+}
+
+void Worker::pauseAccepting() {
+    // Stop accepting rather than spin on the same error. onTick (or a connection closing)
+    // resumes once the budget has room and the spare fd can be reopened.
+    if (!accept_paused_) stats_.accept_paused.add();
+    accept_paused_ = true;
+    for (uint32_t i = 0; i < listeners_.size(); ++i) {
+        ListenerState& l = listeners_[i];
+        if (l.closed) continue;
+        l.paused = true;
+        if (l.armed > 0) {
+            io_uring_sqe* sqe = ring_->sqe();
+            io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
+            io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        }
+    }
+}
+
+void Worker::resumeAccepting() {
+    resume_pending_ = false;
+    if (!fd_waiters_.empty()) retryFdWaiters();
+    if (draining_ || !fd_waiters_.empty() || live_ >= max_conns_) return;
+    if (!spare_fd_) spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!spare_fd_) return;  // still out of fds: try again next tick
+    accept_paused_ = false;
+    for (uint32_t i = 0; i < listeners_.size(); ++i) {
+        if (!listeners_[i].paused) continue;
+        listeners_[i].paused = false;
+        armAccept(i);
+    }
 }
 
 void Worker::armWake() {
@@ -259,12 +306,7 @@ void Worker::armTick() {
 
 void Worker::onTick() {
     sweep();
-    for (uint32_t i = 0; i < listeners_.size(); ++i) {
-        if (listeners_[i].paused && !draining_) {
-            listeners_[i].paused = false;
-            armAccept(i);
-        }
-    }
+    resumeAccepting();
     armTick();
 }
 
@@ -303,7 +345,6 @@ void Worker::closeListeners() {
         io_uring_prep_close(sqe, l.fd.release());
         io_uring_sqe_set_data64(sqe, UserData{}.pack());
         l.closed = true;
-        l.accepting = false;
     }
 }
 
@@ -339,6 +380,21 @@ io_uring_sqe* Worker::sqeFor(Conn& c, uint32_t slot, Op op, int d) {
 void Worker::startConnect(Conn& c, uint32_t slot) {
     const ListenerConfig& lc = config_.listeners[c.listener];
     auto fd = openUpstreamSocket(lc.upstream.family());
+    if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
+        // A multishot accept takes every fd it can, so at the limit clients arrive that have no
+        // fd left for their upstream. They are not dropped: they wait (accepting stops) until
+        // a closing connection gives fds back, bounded by connect_timeout.
+        pauseAccepting();
+        if (spare_fd_) {
+            spare_fd_.reset();
+            fd = openUpstreamSocket(lc.upstream.family());
+        }
+        if (!fd) {
+            c.last_active_ms = now_ms_;  // the wait is bounded by connect_timeout from here
+            fd_waiters_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
+            return;
+        }
+    }
     if (!fd) {
         LOG_WARN("%s: upstream %s", lc.name.c_str(), fd.error().message().c_str());
         closeConn(c, slot, CloseReason::Error);
@@ -351,6 +407,26 @@ void Worker::startConnect(Conn& c, uint32_t slot) {
     sqe->flags |= IOSQE_IO_LINK;
     sqe = sqeFor(c, slot, Op::ConnectTimeout, 0);
     io_uring_prep_link_timeout(sqe, &listeners_[c.listener].connect_timeout, 0);
+}
+
+void Worker::retryFdWaiters() {
+    // Oldest first; a waiter that still finds no fd goes back on the list (at its end, which
+    // keeps the order since every later one fails the same way).
+    size_t n = fd_waiters_.size();
+    for (size_t i = 0; i < n && !fd_waiters_.empty(); ++i) {
+        UserData ud = UserData::unpack(fd_waiters_.front());
+        fd_waiters_.erase(fd_waiters_.begin());
+        Conn& c = conn(ud.slot);
+        if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0) continue;
+        int64_t budget = config_.listeners[c.listener].connect_timeout.count();
+        if (now_ms_ - c.last_active_ms >= budget) {
+            stats_.listeners[c.listener].connect_failures[idx(ConnectFailure::Other)].add();
+            LOG_WARN("%s: no fd for an upstream socket within connect_timeout", config_.listeners[c.listener].name.c_str());
+            closeConn(c, ud.slot, CloseReason::ConnectFailed);
+            continue;
+        }
+        startConnect(c, ud.slot);
+    }
 }
 
 void Worker::onConnect(Conn& c, uint32_t slot, int res) {
@@ -434,12 +510,6 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         io_uring_sqe_set_data64(sqe, UserData{}.pack());
         fd = -1;
     }
-    for (ListenerState& l : listeners_) {
-        if (l.paused && !draining_) {
-            l.paused = false;
-            armAccept(static_cast<uint32_t>(&l - listeners_.data()));
-        }
-    }
     if (c.inflight == 0) freeConn(c, slot);
 }
 
@@ -457,6 +527,9 @@ void Worker::freeConn(Conn& c, uint32_t slot) {
     c.next_free = free_head_;
     free_head_ = slot;
     --live_;
+    // Not resumed from here: freeConn runs inside completion handling, and resuming retries
+    // fd waiters, which can close connections again. The loop resumes after the batch.
+    if (accept_paused_) resume_pending_ = true;
 }
 
 // ---- splice path ---------------------------------------------------------------------------

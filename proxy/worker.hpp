@@ -26,8 +26,9 @@ namespace zcrelay {
 
 class Worker {
 public:
-    // `listen_fds[i]` is this worker's socket for config.listeners[i].
-    Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds);
+    // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
+    // worker's share of the process's fd budget, in connections (2 fds each).
+    Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns);
     ~Worker();
 
     // Starts the thread; the future resolves once the ring is up and accepting (or failed).
@@ -46,8 +47,8 @@ private:
 
     struct ListenerState {
         UniqueFd fd;
-        bool accepting = false;   // a multishot accept is armed
-        bool paused = false;      // out of fds: resume at pause_until_ms or when a conn closes
+        uint32_t armed = 0;       // single-shot accepts in flight
+        bool paused = false;      // out of fds: onTick resumes once the spare fd reopens
         bool closed = false;
         __kernel_timespec connect_timeout{};  // read by the kernel at submit: must outlive it
     };
@@ -68,12 +69,15 @@ private:
     // Idle timeouts and the drain deadline.
     void sweep();
     void closeListeners();
+    void pauseAccepting();
+    void resumeAccepting();
 
     // Connections.
     // A free slot, now Connecting; UINT32_MAX when the slot space is exhausted.
     uint32_t allocConn();
     Conn& conn(uint32_t slot) { return chunks_[slot / kChunk][slot % kChunk]; }
     void startConnect(Conn& c, uint32_t slot);
+    void retryFdWaiters();
     void onConnect(Conn& c, uint32_t slot, int res);
     void startDirection(Conn& c, uint32_t slot, int d);
     void closeConn(Conn& c, uint32_t slot, CloseReason reason);
@@ -103,9 +107,13 @@ private:
     const unsigned id_;
     const Config& config_;
     std::string name_;
+    const uint32_t max_conns_;
     WorkerStats stats_;
     std::vector<ListenerState> listeners_;
     UniqueFd wake_fd_;
+    // One fd held in reserve: when accept() took the last free fd, giving this up lets that
+    // client still get its upstream socket instead of being dropped.
+    UniqueFd spare_fd_;
     std::atomic<uint32_t> commands_{0};
     std::atomic<bool> finished_{false};
     std::thread thread_;
@@ -118,6 +126,8 @@ private:
     uint32_t free_head_ = UINT32_MAX;
     uint32_t slots_used_ = 0;     // high-water mark of slots ever handed out
     uint32_t live_ = 0;           // slots not Free (Closing ones included)
+    uint32_t accepts_armed_ = 0;  // over all listeners: each may become a connection
+    std::vector<uint64_t> fd_waiters_;  // accepted clients waiting for an fd for their upstream
     std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
     bool buffers_freed_ = false;     // a buffer went back to the ring since the last retry
@@ -125,6 +135,8 @@ private:
     __kernel_timespec tick_{};
     int64_t now_ms_ = 0;
     int64_t tick_ms_ = 100;
+    bool accept_paused_ = false;   // listeners paused for want of fds (not for draining)
+    bool resume_pending_ = false;  // a connection was freed while paused
     bool draining_ = false;
     int64_t drain_deadline_ms_ = 0;
 };

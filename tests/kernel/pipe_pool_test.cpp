@@ -23,6 +23,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
+constexpr int kNoCeiling = INT32_MAX;
+
 struct TcpPair {
     int client = -1;  // connected socket, our side writes here
     int server = -1;  // accepted peer, nonblocking
@@ -70,7 +72,7 @@ SpliceStep::Kind driveUntilDone(Direction& d, int src, int dst, PipePool& pool, 
 
 TEST(PipePool, ReusesReleasedPipesAndCountsThem) {
     WorkerStats stats(1);
-    PipePool pool(4, stats);
+    PipePool pool(4, kNoCeiling, stats);
     auto a = pool.acquire();
     ASSERT_TRUE(a.has_value());
     EXPECT_GE(a->capacity, PipePool::kStartSize);
@@ -87,7 +89,7 @@ TEST(PipePool, ReusesReleasedPipesAndCountsThem) {
 
 TEST(PipePool, ExhaustedPoolSaysSo) {
     WorkerStats stats(1);
-    PipePool pool(2, stats);
+    PipePool pool(2, kNoCeiling, stats);
     auto a = pool.acquire();
     auto b = pool.acquire();
     ASSERT_TRUE(a && b);
@@ -101,7 +103,7 @@ TEST(PipePool, ExhaustedPoolSaysSo) {
 
 TEST(PipePool, GrowsToPipeSizeAndShrinksWhenCached) {
     WorkerStats stats(1);
-    PipePool pool(4, stats);
+    PipePool pool(4, kNoCeiling, stats);
     auto p = pool.acquire();
     ASSERT_TRUE(p);
     pool.grow(*p, 1 << 20);
@@ -115,7 +117,7 @@ TEST(PipePool, GrowsToPipeSizeAndShrinksWhenCached) {
 
 TEST(PipePool, OutOfFdsIsEmfileNotACrash) {
     WorkerStats stats(1);
-    PipePool pool(16, stats);
+    PipePool pool(16, kNoCeiling, stats);
     rlimit old{};
     ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
     // Lower the soft limit to the lowest fd number free now: pipe2() then has no room.
@@ -129,6 +131,23 @@ TEST(PipePool, OutOfFdsIsEmfileNotACrash) {
     setrlimit(RLIMIT_NOFILE, &old);
     ASSERT_FALSE(p.has_value());
     EXPECT_EQ(p.error(), PipeFallback::Emfile);
+}
+
+// Pipes must leave the top of the fd table to the process's own needs (metrics sockets, the
+// spare fd): a pipe landing at or above the ceiling is refused like EMFILE and leaks nothing.
+TEST(PipePool, PipeAboveTheFdCeilingIsRefusedAsEmfile) {
+    WorkerStats stats(1);
+    int probe = ::dup(0);
+    ASSERT_GE(probe, 0);
+    ::close(probe);
+    PipePool pool(16, probe, stats);  // the next fd handed out is `probe`: at the ceiling
+    auto p = pool.acquire();
+    ASSERT_FALSE(p.has_value());
+    EXPECT_EQ(p.error(), PipeFallback::Emfile);
+    int after = ::dup(0);
+    EXPECT_EQ(after, probe) << "the refused pipe's fds were closed again";
+    ::close(after);
+    EXPECT_EQ(stats.pipes_in_use.get(), 0u);
 }
 
 // Over pipe-user-pages-soft (64 MiB by default) an unprivileged user's new pipes get one page.
@@ -149,7 +168,7 @@ TEST(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit) {
             if (fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) < 0) break;  // the budget is spent
         }
         WorkerStats stats(1);
-        PipePool pool(16, stats);
+        PipePool pool(16, kNoCeiling, stats);
         auto p = pool.acquire();
         if (p.has_value()) _exit(12);
         _exit(p.error() == PipeFallback::PipeLimit ? 0 : 13);
@@ -167,7 +186,7 @@ TEST(SplicePump, PipeFullOfSmallSegmentsIsNotEndOfData) {
     TcpPair in = makePair();
     TcpPair out = makePair();
     WorkerStats stats(1);
-    PipePool pool(4, stats);
+    PipePool pool(4, kNoCeiling, stats);
     constexpr size_t kSegments = 4000, kSegment = 100;
     std::thread writer([&] {
         std::vector<char> seg(kSegment);
@@ -205,7 +224,7 @@ TEST(SplicePump, SlowReaderParksBytesInThePipeThenResumes) {
     TcpPair in = makePair();
     TcpPair out = makePair();
     WorkerStats stats(1);
-    PipePool pool(4, stats);
+    PipePool pool(4, kNoCeiling, stats);
     constexpr size_t kTotal = 32 << 20;
     std::thread writer([&] {
         std::vector<char> buf(1 << 16, 'x');
@@ -253,7 +272,7 @@ TEST(SplicePump, ResetOnSourceIsAFailureOnSrc) {
     TcpPair in = makePair();
     TcpPair out = makePair();
     WorkerStats stats(1);
-    PipePool pool(4, stats);
+    PipePool pool(4, kNoCeiling, stats);
     linger lg{1, 0};
     ::setsockopt(in.client, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     ::close(in.client);

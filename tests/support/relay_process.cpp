@@ -144,6 +144,10 @@ bool ChildProcess::spawn(const Options& options, std::string& error) {
         ::dup2(in.get(), 0);
         if (out_fd >= 0) ::dup2(out_fd, 1);
         if (err.valid()) ::dup2(err.get(), 2);
+        if (options.nofile_limit) {
+            rlimit lim{*options.nofile_limit, *options.nofile_limit};
+            if (::setrlimit(RLIMIT_NOFILE, &lim) != 0) ::_exit(126);
+        }
         ::execv(argv[0], argv.data());
         int e = errno;
         ssize_t ignored = ::write(status_write.get(), &e, sizeof e);
@@ -465,6 +469,7 @@ RelayProcess::~RelayProcess() {
     opts.argv.insert(opts.argv.end(), args.begin(), args.end());
     opts.stdout_fd = write_end.get();
     opts.stderr_path = stderr_path_;
+    opts.nofile_limit = nofile_limit_;
     std::string error;
     if (!child_.spawn(opts, error))
         return ::testing::AssertionFailure() << "could not start " << kRelayBinary << ": " << error;

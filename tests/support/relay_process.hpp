@@ -7,6 +7,7 @@
 // terminate() SIGKILLs after its timeout and records a test failure. Only the PID this fixture
 // started is ever signalled.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -73,6 +74,9 @@ public:
         std::string stdout_path;  // empty: inherit (unless stdout_fd is given)
         int stdout_fd = -1;       // e.g. a pipe's write end; wins over stdout_path
         std::string stderr_path;  // empty: inherit
+        // RLIMIT_NOFILE (soft and hard) for the child only, set between fork and exec: the
+        // test process itself cannot raise a lowered hard limit again (no CAP_SYS_RESOURCE).
+        std::optional<rlim_t> nofile_limit;
     };
 
     ChildProcess() = default;
@@ -206,6 +210,8 @@ public:
 
     // Writes the config, spawns `zcrelay -c FILE`, waits for "zcrelay: ready".
     ::testing::AssertionResult start(const RelayConfig& config);
+    // The next start() runs the relay with at most `limit` open files.
+    void setNofileLimit(rlim_t limit) { nofile_limit_ = limit; }
     // Spawns `zcrelay ARGS...` (e.g. the --listen/--upstream shorthand) and waits for ready.
     ::testing::AssertionResult startWithArgs(const std::vector<std::string>& args);
 
@@ -255,6 +261,7 @@ private:
     bool parseReadyOutput(std::string& error);
 
     TempDir dir_;
+    std::optional<rlim_t> nofile_limit_;
     std::string config_path_;
     std::string stderr_path_;
     ChildProcess child_;

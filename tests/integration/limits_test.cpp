@@ -1,0 +1,152 @@
+// The relay at its limits: out of pipes, out of file descriptors. It must keep every byte of
+// the connections it has, move them by copy when it cannot splice, and stop accepting (not
+// accept-and-drop, not spin) when it cannot take another connection.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "support/loopback.hpp"
+#include "support/relay_process.hpp"
+
+namespace zcrelay::test {
+namespace {
+
+constexpr uint64_t kMiB = 1024 * 1024;
+
+// utime + stime of `pid`, in seconds (/proc/PID/stat fields 14 and 15).
+double cpuSeconds(pid_t pid) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::istringstream rest(text.substr(text.rfind(')') + 2));  // after "pid (comm) "
+    std::string field;
+    unsigned long utime = 0, stime = 0;
+    for (int i = 3; i <= 15 && rest >> field; ++i) {
+        if (i == 14) utime = std::stoul(field);
+        if (i == 15) stime = std::stoul(field);
+    }
+    return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+// Four clients echo 8 MiB each at once through a splice listener whose process may hold one
+// pipe: most directions cannot get one and must move their bytes by copy, every byte intact.
+TEST(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
+    constexpr int kClients = 4;
+    constexpr uint64_t kBytes = 8 * kMiB;
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_TRUE(up.ok()) << up.error();
+    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
+    config.workers = 1;
+    config.extra_yaml = "max_pipes: 1\n";
+    RelayProcess relay;
+    ASSERT_TRUE(relay.start(config));
+
+    std::vector<std::thread> clients;
+    std::vector<ReceiveCheck> results(kClients);
+    std::vector<IoResult> sends(kClients);
+    std::vector<std::string> connect_errors(kClients);
+    for (int i = 0; i < kClients; ++i) {
+        clients.emplace_back([&, i] {
+            Connected c = connectTo(relay.host(), relay.port());
+            if (!c.fd) {
+                connect_errors[i] = c.error;
+                return;
+            }
+            results[i] = echoRoundTrip(c.fd.get(), 1000 + i, kBytes, kDefaultIoTimeout, &sends[i]);
+        });
+    }
+    for (auto& t : clients) t.join();
+    for (int i = 0; i < kClients; ++i) {
+        EXPECT_EQ(connect_errors[i], "") << "client " << i << " could not connect";
+        EXPECT_TRUE(sends[i].ok()) << "client " << i << " send: " << sends[i].describe();
+        EXPECT_EQ(results[i].bytes, kBytes) << "client " << i << ": " << results[i].describe();
+        EXPECT_LT(results[i].first_mismatch, 0) << "client " << i << ": " << results[i].describe();
+    }
+    EXPECT_TRUE(relay.waitForMetric(metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}},
+                                    [](double v) { return v >= 1; }, ">= 1"))
+        << "with max_pipes 1 and 8 busy directions, some must have fallen back to copy";
+    EXPECT_TRUE(relay.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"),
+                                    static_cast<double>(kClients * kBytes)));
+    EXPECT_TRUE(relay.waitForMetric(metric::kBytesTotal, metric::bytes("downstream"),
+                                    static_cast<double>(kClients * kBytes)));
+    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients));
+    EXPECT_TRUE(relay.waitForMetric(metric::kPipesInUse, {}, 0));
+}
+
+// max_pipes: 0 is "never splice": a splice listener then runs entirely on the copy path.
+TEST(PipeLimits, MaxPipesZeroRelaysEverythingByCopy) {
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_TRUE(up.ok()) << up.error();
+    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
+    config.extra_yaml = "max_pipes: 0\n";
+    RelayProcess relay;
+    ASSERT_TRUE(relay.start(config));
+    Connected c = connectTo(relay.host(), relay.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    ReceiveCheck got = echoRoundTrip(c.fd.get(), 7, 4 * kMiB);
+    EXPECT_EQ(got.bytes, 4 * kMiB) << got.describe();
+    EXPECT_LT(got.first_mismatch, 0) << got.describe();
+    EXPECT_TRUE(relay.waitForMetric(metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}}, 2))
+        << "both directions of the one connection fell back";
+    auto cached = relay.metric(metric::kPipesCached);
+    EXPECT_EQ(cached.value_or(-1), 0) << "no pipe was ever made";
+}
+
+// With the fd limit lowered, the relay's fd budget admits only a few connections. It must
+// pause accepting (connections wait in the kernel's queue) instead of running into EMFILE,
+// keep serving what it has without burning CPU, and accept the rest as connections close.
+TEST(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
+    constexpr int kClients = 40;
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_TRUE(up.ok()) << up.error();
+    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
+    config.workers = 1;
+    RelayProcess relay;
+    relay.setNofileLimit(96);  // (96 - 64 reserved) / 2 = 16 connections admitted at once
+    ASSERT_TRUE(relay.start(config));
+
+    std::vector<Connected> clients;
+    for (int i = 0; i < kClients; ++i) {
+        clients.push_back(connectTo(relay.host(), relay.port()));
+        ASSERT_TRUE(clients.back().fd) << "client " << i << ": " << clients.back().error
+                                       << " (the kernel's accept queue should take it)";
+    }
+    ASSERT_TRUE(relay.waitForMetric(metric::kAcceptPausedTotal, {}, [](double v) { return v >= 1; },
+                                    ">= 1 (the relay ran out of fds)"));
+    auto accepted = relay.metric(metric::kConnectionsTotal, metric::listener());
+    ASSERT_TRUE(accepted);
+    EXPECT_LT(*accepted, kClients) << "96 fds cannot hold 40 relayed connections";
+
+    // Paused, not spinning: a retry loop on EMFILE would burn a whole CPU.
+    double cpu0 = cpuSeconds(relay.pid());
+    std::this_thread::sleep_for(Millis{1'000});
+    double cpu = cpuSeconds(relay.pid()) - cpu0;
+    EXPECT_LT(cpu, 0.3) << "relay used " << cpu << " s of CPU in 1 s while paused";
+
+    // A connection the relay already holds still relays, byte-exact, with no fd to spare for
+    // a pipe (it moves by copy if it must).
+    ReceiveCheck first = echoRoundTrip(clients[0].fd.get(), 42, 2 * kMiB);
+    EXPECT_EQ(first.bytes, 2 * kMiB) << first.describe();
+    EXPECT_LT(first.first_mismatch, 0) << first.describe();
+    clients[0].fd.reset();
+
+    // Freeing connections lets the waiting ones in; in the end every client was served.
+    for (int i = 1; i < kClients; ++i) {
+        ReceiveCheck got = echoRoundTrip(clients[i].fd.get(), 100 + i, 64 * 1024, Millis{20'000});
+        EXPECT_EQ(got.bytes, 64u * 1024) << "client " << i << ": " << got.describe();
+        EXPECT_LT(got.first_mismatch, 0) << "client " << i << ": " << got.describe();
+        clients[i].fd.reset();
+    }
+    EXPECT_TRUE(relay.waitForMetric(metric::kConnectionsTotal, metric::listener(), kClients));
+    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
+        << "no accepted connection may be dropped for lack of an upstream fd";
+    EXPECT_TRUE(relay.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
+}
+
+}  // namespace
+}  // namespace zcrelay::test
