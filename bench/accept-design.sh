@@ -54,23 +54,12 @@ declare -a OWN_PIDS=()   # every long-lived process we started
 
 die() { echo "accept-design: $*" >&2; exit 1; }
 log() { echo "accept-design: $*" >&2; }
+# shellcheck source=lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 # ---------------------------------------------------------------- processes
 
-is_alive() {
-    local pid=$1 state
-    kill -0 "$pid" 2>/dev/null || return 1
-    state=$(sed -E 's/^.*\) (.).*$/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
-    [[ "$state" != Z ]]
-}
 
-wait_gone() {
-    local pid=$1 deadline=$((SECONDS + $2))
-    while is_alive "$pid"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.05
-    done
-}
 
 # stop_pid PID: SIGTERM, then SIGKILL after 5 s. zcrelay drains on SIGTERM; by the time we stop
 # it no connection is left, so it exits at once.
@@ -91,17 +80,7 @@ cleanup() {
 
 # ---------------------------------------------------------------- ports
 
-port_in_use() { [[ -n "$(ss -Htan "sport = :$1" 2>/dev/null)" ]]; }
 
-pick_port() {
-    local -n _out=$1
-    while ((NEXT_PORT < PORT_BASE + 2000)); do
-        local p=$NEXT_PORT
-        NEXT_PORT=$((NEXT_PORT + 1))
-        if ! port_in_use "$p"; then _out=$p; return 0; fi
-    done
-    die "no free port in $PORT_BASE..$((PORT_BASE + 1999))"
-}
 
 # ---------------------------------------------------------------- helpers
 

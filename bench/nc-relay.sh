@@ -59,6 +59,8 @@ declare -a OWN_PIDS=()   # every background process we started
 
 die() { echo "nc-relay: $*" >&2; exit 1; }
 log() { echo "nc-relay: $*" >&2; }
+# shellcheck source=lib.sh
+source "$SCRIPT_DIR/lib.sh"
 
 usage() {
     sed -n '2,/^$/s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
@@ -88,23 +90,7 @@ parse_args() {
 
 # ---------------------------------------------------------------- processes
 
-is_alive() {
-    # kill -0 also succeeds on a zombie, and the relay is time(1)'s child,
-    # not ours, so look at the state in /proc as well.
-    local pid=$1 state
-    kill -0 "$pid" 2>/dev/null || return 1
-    state=$(sed -E 's/^.*\) (.).*$/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
-    [[ "$state" != Z ]]
-}
 
-# wait_gone PID SECONDS: poll until PID is gone; 1 if it is still there.
-wait_gone() {
-    local pid=$1 deadline=$((SECONDS + $2))
-    while is_alive "$pid"; do
-        ((SECONDS < deadline)) || return 1
-        sleep 0.05
-    done
-}
 
 # Stop the processes we started (only those, by PID), politely first.
 cleanup() {
@@ -121,22 +107,7 @@ cleanup() {
 
 # ---------------------------------------------------------------- ports
 
-port_in_use() {
-    # Any socket with this local port, in any state (TIME_WAIT included).
-    [[ -n "$(ss -Htan "sport = :$1" 2>/dev/null)" ]]
-}
 
-# Next free port at or after NEXT_PORT; never hands out the same port twice
-# in one invocation, so no run inherits the previous run's TIME_WAIT.
-pick_port() {
-    local -n _out=$1
-    while ((NEXT_PORT < PORT_BASE + 2000)); do
-        local p=$NEXT_PORT
-        NEXT_PORT=$((NEXT_PORT + 1))
-        if ! port_in_use "$p"; then _out=$p; return 0; fi
-    done
-    die "no free port in $PORT_BASE..$((PORT_BASE + 1999))"
-}
 
 wait_listening() {
     local port=$1 pid=$2 deadline=$((SECONDS + READY_TIMEOUT))

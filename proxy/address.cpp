@@ -7,18 +7,13 @@
 #include <charconv>
 #include <cstring>
 
+#include "units.hpp"
+
 namespace zcrelay {
 namespace {
 
 constexpr std::string_view kExpected = "expected host:port, e.g. 127.0.0.1:10000 or [::1]:10000";
 
-// Built with append rather than "lit" + std::string: GCC 12 warns falsely (-Wrestrict) on that.
-std::string quoted(std::string_view text) {
-    std::string out;
-    out.reserve(text.size() + 2);
-    out.append(1, '"').append(text).append(1, '"');
-    return out;
-}
 
 const sockaddr_in& v4(const SocketAddress& a) {
     return *reinterpret_cast<const sockaddr_in*>(&a.storage);

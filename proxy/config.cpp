@@ -46,8 +46,6 @@ Where whereOf(std::string_view source, const YAML::Node& node, std::string path)
     return whereAt(source, node.Mark(), std::move(path));
 }
 
-std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
-
 std::string typeName(const YAML::Node& node) {
     if (node.IsMap()) return "a map";
     if (node.IsSequence()) return "a sequence";

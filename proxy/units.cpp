@@ -6,7 +6,6 @@
 namespace zcrelay {
 namespace {
 
-std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
 
 bool isDigit(char c) { return c >= '0' && c <= '9'; }
 
@@ -136,5 +135,7 @@ std::string formatSize(uint64_t bytes) {
     if (bytes % kKiB == 0) return std::to_string(bytes >> 10) + "KiB";
     return std::to_string(bytes);
 }
+
+std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
 
 }  // namespace zcrelay

@@ -19,6 +19,9 @@ tl::expected<Duration, std::string> parseDuration(std::string_view text);
 // what HAProxy's tune.pipesize and nginx sizes mean). Overflow of uint64 is an error.
 tl::expected<uint64_t, std::string> parseSize(std::string_view text);
 
+// `text` in double quotes, as config errors show the offending value.
+std::string quoted(std::string_view text);
+
 // Shortest exact form: 300000ms -> "5m", 1500ms -> "1500ms"; 1048576 -> "1MiB", 1000 -> "1000".
 std::string formatDuration(Duration d);
 std::string formatSize(uint64_t bytes);

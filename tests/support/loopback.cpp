@@ -492,19 +492,24 @@ ConnScript echoScript() {
     };
 }
 
+// Reads until EOF (or stop), hashing what arrives into `rec` and counting it live on `up`.
+static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up) {
+    StreamHash h;
+    rec.read_end = readStreamUntilEof(
+        fd.get(),
+        [&](std::span<const uint8_t> d) {
+            h.update(d);
+            up.addLiveBytes(d.size());
+        },
+        kDefaultIoTimeout, &stop);
+    rec.ended_at = Clock::now();
+    rec.bytes_received = h.bytes();
+    rec.received_hash = h.value();
+}
+
 ConnScript sinkScript(uint64_t reply_seed, uint64_t reply_bytes) {
     return [=](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up) {
-        StreamHash h;
-        rec.read_end = readStreamUntilEof(
-            fd.get(),
-            [&](std::span<const uint8_t> d) {
-                h.update(d);
-                up.addLiveBytes(d.size());
-            },
-            kDefaultIoTimeout, &stop);
-        rec.ended_at = Clock::now();
-        rec.bytes_received = h.bytes();
-        rec.received_hash = h.value();
+        readIntoRecord(fd, rec, stop, up);
         if (rec.read_end.status != IoStatus::Eof) return;
         if (reply_bytes > 0) {
             rec.write_end = sendPayload(fd.get(), reply_seed, reply_bytes, kDefaultIoTimeout, &stop);
@@ -524,17 +529,7 @@ ConnScript sourceScript(uint64_t seed, uint64_t bytes) {
             return;
         }
         ::shutdown(fd.get(), SHUT_WR);
-        StreamHash h;
-        rec.read_end = readStreamUntilEof(
-            fd.get(),
-            [&](std::span<const uint8_t> d) {
-                h.update(d);
-                up.addLiveBytes(d.size());
-            },
-            kDefaultIoTimeout, &stop);
-        rec.ended_at = Clock::now();
-        rec.bytes_received = h.bytes();
-        rec.received_hash = h.value();
+        readIntoRecord(fd, rec, stop, up);
     };
 }
 

@@ -1,0 +1,35 @@
+# Shell helpers the bench scripts share. Sourced, not run; the caller defines die() and the
+# NEXT_PORT / PORT_BASE variables pick_port() walks.
+
+# is_alive PID: kill -0 also succeeds on a zombie (and a relay run under time(1) is not our
+# child), so look at the state in /proc as well.
+is_alive() {
+    local pid=$1 state
+    kill -0 "$pid" 2>/dev/null || return 1
+    state=$(sed -E 's/^.*\) (.).*$/\1/' "/proc/$pid/stat" 2>/dev/null) || return 1
+    [[ "$state" != Z ]]
+}
+
+# wait_gone PID SECONDS: poll until PID is gone; 1 if it is still there.
+wait_gone() {
+    local pid=$1 deadline=$((SECONDS + $2))
+    while is_alive "$pid"; do
+        ((SECONDS < deadline)) || return 1
+        sleep 0.05
+    done
+}
+
+# port_in_use PORT: any socket with this local port, in any state (TIME_WAIT included).
+port_in_use() { [[ -n "$(ss -Htan "sport = :$1" 2>/dev/null)" ]]; }
+
+# pick_port VAR: the next free port at or after NEXT_PORT, never the same twice in one
+# invocation, so no run inherits the previous run's TIME_WAIT.
+pick_port() {
+    local -n _out=$1
+    while ((NEXT_PORT < PORT_BASE + 2000)); do
+        local p=$NEXT_PORT
+        NEXT_PORT=$((NEXT_PORT + 1))
+        if ! port_in_use "$p"; then _out=$p; return 0; fi
+    done
+    die "no free port in $PORT_BASE..$((PORT_BASE + 1999))"
+}
