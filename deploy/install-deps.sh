@@ -13,7 +13,7 @@ packages=(
   # tests
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
   # benches and peers
-  haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat
+  haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
 )
 
 if [[ $(id -u) -ne 0 ]]; then
