@@ -442,6 +442,13 @@ RelayProcess::~RelayProcess() {
     if (child_.pid() > 0 && child_.running()) child_.killAndWait();
     stop_stdout_.store(true);
     if (stdout_thread_.joinable()) stdout_thread_.join();
+    // Whatever a test checked, a completion the relay could not match to its connection is a
+    // bookkeeping bug (the worker logs it and drops the CQE): no test may pass with one.
+    if (!stderr_path_.empty()) {
+        std::string log = fileTail(stderr_path_, 1 << 20);
+        EXPECT_EQ(log.find("bookkeeping bug"), std::string::npos)
+            << "zcrelay logged a stale completion:\n" << log;
+    }
 }
 
 ::testing::AssertionResult RelayProcess::start(const RelayConfig& config) {
