@@ -1,7 +1,8 @@
 #pragma once
 // A worker's pipes: a bounded pool, so that pipes belong to directions that are moving bytes,
 // not to connections. A direction takes a pipe when its socket turns readable and gives it back
-// when the pipe is empty again; 10,000 idle connections hold no pipe.
+// once the pipe is empty and the direction was quiet for a tick; 10,000 idle connections hold
+// no pipe.
 //
 // What the kernel does with pipes, and why this shape:
 // - Every pipe costs two fds against RLIMIT_NOFILE, and its capacity is charged to the user's

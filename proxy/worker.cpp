@@ -322,8 +322,14 @@ void Worker::sweep() {
             continue;
         }
         int64_t idle = config_.listeners[c.listener].idle_timeout.count();
-        if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle)
+        if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle) {
             closeConn(c, slot, CloseReason::IdleTimeout);
+            continue;
+        }
+        // A direction that kept its (empty) pipe through a quiet tick gives it back.
+        if (now_ms_ - c.last_active_ms >= tick_ms_) {
+            for (Direction& dir : c.dir) releaseIdlePipe(dir, *pipes_);
+        }
     }
 }
 

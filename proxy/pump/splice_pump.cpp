@@ -27,6 +27,12 @@ ReadResult confirmEof(int src, int& error) {
 
 }  // namespace
 
+bool releaseIdlePipe(Direction& d, PipePool& pool) {
+    if (!d.pipe.valid() || d.in_pipe != 0) return false;
+    pool.release(d.pipe);
+    return true;
+}
+
 SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t pipe_size,
                       uint64_t& moved) {
     moved = 0;
@@ -81,12 +87,16 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
         ::shutdown(dst, SHUT_WR);
         return SpliceStep{SpliceStep::Finished, false, 0, {}};
     }
-    pool.release(d.pipe);
     if (stuck_nonempty) {
         // src has bytes, the pipe is empty and splice still moved nothing: the kernel cannot
         // give this pipe pages. Copy is the only way left to make progress.
+        pool.release(d.pipe);
         return SpliceStep{SpliceStep::NeedCopy, false, 0, PipeFallback::PipeLimit};
     }
+    // The pipe is empty but stays with the direction: a bulk flow goes quiet between bursts
+    // thousands of times per GiB, and handing the pipe back each time would shrink and regrow
+    // it (two F_SETPIPE_SZ) per burst. The worker's sweep takes back pipes of directions that
+    // stayed idle (releaseIdlePipe), so idle connections still hold none.
     return SpliceStep{SpliceStep::WaitRead, false, 0, {}};
 }
 

@@ -15,7 +15,7 @@ namespace zcrelay {
 
 struct SpliceStep {
     enum Kind : uint8_t {
-        WaitRead,    // src is empty; the pipe went back to the pool
+        WaitRead,    // src is empty (the empty pipe stays until releaseIdlePipe)
         WaitWrite,   // dst is full and the pipe holds bytes
         Finished,    // src reached EOF, everything was delivered, dst was shut down
         NeedCopy,    // no pipe could be had: move this direction by copy (reason in fallback)
@@ -31,5 +31,8 @@ struct SpliceStep {
 // to dst. Never blocks.
 SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t pipe_size,
                       uint64_t& moved);
+
+// Gives an empty pipe back to the pool; false when there is none or it still holds bytes.
+bool releaseIdlePipe(Direction& d, PipePool& pool);
 
 }  // namespace zcrelay
