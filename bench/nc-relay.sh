@@ -9,6 +9,7 @@
 #   direct          client nc straight to the sink (no relay; note both nc
 #                   share CPU 0, so this is a one-CPU baseline, not a ceiling)
 #   zcrelay-splice  zcrelay --mode splice
+#   zcrelay-splice-nagle  the same with tcp_nodelay: false (Nagle on, as socat)
 #   zcrelay-copy    zcrelay --mode copy
 #   socat           socat TCP-LISTEN -> TCP, single connection (no fork)
 #
@@ -28,7 +29,7 @@
 
 set -euo pipefail
 
-readonly ALL_RELAYS="direct,zcrelay-splice,zcrelay-copy,socat"
+readonly ALL_RELAYS="direct,zcrelay-splice,zcrelay-splice-nagle,zcrelay-copy,socat"
 readonly SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 SIZE_MIB="${SIZE_MIB:-1024}"
@@ -143,6 +144,12 @@ relay_cmd() {
             RELAY_ARGV=(stdbuf -oL "$BUILD/zcrelay"
                 --listen "127.0.0.1:$lport" --upstream "127.0.0.1:$sport"
                 --mode "${relay#zcrelay-}" --workers 1 --metrics off) ;;
+        zcrelay-splice-nagle)
+            # The same splice relay with tcp_nodelay: false (a config-file key): Nagle may
+            # coalesce a bulk flow's small sends, as it does for socat, which leaves it on.
+            printf 'workers: 1\nmetrics: {listen: ""}\nlisteners:\n  - {listen: "127.0.0.1:%s", upstream: "127.0.0.1:%s", mode: splice, tcp_nodelay: false}\n' \
+                "$lport" "$sport" >"$WORK/nagle.yaml"
+            RELAY_ARGV=(stdbuf -oL "$BUILD/zcrelay" -c "$WORK/nagle.yaml") ;;
         socat)
             # No fork: socat serves exactly one connection and then exits.
             RELAY_ARGV=(socat

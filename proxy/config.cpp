@@ -155,6 +155,11 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .fallback = "300s",
      .max = ms(720h),
      .help = "close a connection after this long without a byte either way; 0 = never"},
+    {.name = "tcp_nodelay",
+     .kind = Kind::Bool,
+     .member = &ListenerConfig::tcp_nodelay,
+     .fallback = "true",
+     .help = "TCP_NODELAY on both sockets: small writes go out at once (false: Nagle batches bulk)"},
 };
 
 template <class T>

@@ -26,6 +26,9 @@ struct ListenerConfig {
     uint64_t pipe_size = 1 << 20;  // the size a busy direction's pipe grows to (starts at 64 KiB)
     Duration connect_timeout = std::chrono::seconds(5);
     Duration idle_timeout = std::chrono::seconds(300);  // 0 = never
+    // TCP_NODELAY on the client and upstream sockets. On by default, as in nginx: request/response
+    // traffic must not wait for Nagle. Off lets the kernel coalesce a bulk flow's small sends.
+    bool tcp_nodelay = true;
 
     bool operator==(const ListenerConfig&) const = default;
 };

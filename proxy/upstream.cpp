@@ -6,11 +6,11 @@
 
 namespace zcrelay {
 
-Result<UniqueFd> openUpstreamSocket(int family) {
+Result<UniqueFd> openUpstreamSocket(int family, bool nodelay) {
     UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
     if (!fd) return sysError("socket");
     int one = 1;
-    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (nodelay) ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return fd;
 }
 

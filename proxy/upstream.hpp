@@ -6,9 +6,8 @@
 
 namespace zcrelay {
 
-// A nonblocking TCP socket for `family`, TCP_NODELAY set: relayed request/response traffic must
-// not wait for Nagle on either hop.
-Result<UniqueFd> openUpstreamSocket(int family);
+// A nonblocking TCP socket for `family`, with TCP_NODELAY as the listener asks.
+Result<UniqueFd> openUpstreamSocket(int family, bool nodelay);
 
 // The metric reason for a connect CQE's -errno. -ECANCELED is the linked timeout firing.
 ConnectFailure classifyConnectError(int err);

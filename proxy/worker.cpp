@@ -225,8 +225,10 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
             c->fd[0] = res;
             c->counted_active = true;
             stats_.listeners[li].accepted.add();
-            int one = 1;
-            ::setsockopt(res, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            if (config_.listeners[li].tcp_nodelay) {
+                int one = 1;
+                ::setsockopt(res, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            }
             startConnect(*c, slot);
             // This worker's share of the fd budget is spent: stop accepting (backpressure:
             // clients wait in the kernel's queue) rather than run into EMFILE.
@@ -385,7 +387,7 @@ io_uring_sqe* Worker::sqeFor(Conn& c, uint32_t slot, Op op, int d) {
 
 void Worker::startConnect(Conn& c, uint32_t slot) {
     const ListenerConfig& lc = config_.listeners[c.listener];
-    auto fd = openUpstreamSocket(lc.upstream.family());
+    auto fd = openUpstreamSocket(lc.upstream.family(), lc.tcp_nodelay);
     if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
         // A multishot accept takes every fd it can, so at the limit clients arrive that have no
         // fd left for their upstream. They are not dropped: they wait (accepting stops) until
@@ -393,7 +395,7 @@ void Worker::startConnect(Conn& c, uint32_t slot) {
         pauseAccepting();
         if (spare_fd_) {
             spare_fd_.reset();
-            fd = openUpstreamSocket(lc.upstream.family());
+            fd = openUpstreamSocket(lc.upstream.family(), lc.tcp_nodelay);
         }
         if (!fd) {
             c.last_active_ms = now_ms_;  // the wait is bounded by connect_timeout from here

@@ -178,6 +178,27 @@ TEST_P(TransferTest, BothDirectionsAtOnceArriveByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(Sizes, TransferTest, ::testing::ValuesIn(transferCases()), transferName);
 
+// tcp_nodelay: false leaves Nagle on for bulk flows: still every byte, in order, both ways.
+class NagleTest : public RelayModeTest {};
+
+TEST_P(NagleTest, TcpNodelayOffStillRelaysBothWaysByteExact) {
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode(), [](RelayConfig& c) {
+        c.listeners.at(0).extra_yaml = "    tcp_nodelay: false\n";
+    }));
+    Connected client = connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    IoResult sent;
+    ReceiveCheck got = echoRoundTrip(client.fd.get(), kSeedB, 10 * kMiB, kDefaultIoTimeout, &sent);
+    EXPECT_TRUE(sent.ok()) << sent.describe();
+    EXPECT_EQ(got.bytes, 10 * kMiB) << got.describe();
+    EXPECT_LT(got.first_mismatch, 0) << got.describe();
+    client.fd.reset();
+    expectCountersAfterDone(10 * kMiB, 10 * kMiB);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, NagleTest, ::testing::ValuesIn(kModes), modeName);
+
 // =============================================================================================
 // 2. Half-close: a FIN is a SHUT_WR on the other side; the other direction keeps flowing.
 

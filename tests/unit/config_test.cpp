@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{
             "unknown_key.yaml",
             "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, upstream, "
-            "mode, pipe_size, connect_timeout, idle_timeout"},
+            "mode, pipe_size, connect_timeout, idle_timeout, tcp_nodelay"},
         BadFixture{"wrong_type.yaml",
                    "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
         BadFixture{"workers_not_number.yaml",
@@ -123,6 +123,7 @@ TEST(LoadConfig, FullFixtureSetsEveryKey) {
     EXPECT_EQ(a.pipe_size, 65536u);
     EXPECT_EQ(a.connect_timeout, 1ms);
     EXPECT_EQ(a.idle_timeout, 0ms);
+    EXPECT_FALSE(a.tcp_nodelay);
 
     const ListenerConfig& b = c.listeners[1];
     EXPECT_EQ(b.name, "listener1");
@@ -132,6 +133,7 @@ TEST(LoadConfig, FullFixtureSetsEveryKey) {
     EXPECT_EQ(b.pipe_size, 64u * 1024);
     EXPECT_EQ(b.connect_timeout, 2min);
     EXPECT_EQ(b.idle_timeout, 720h);
+    EXPECT_TRUE(b.tcp_nodelay) << "the default";
 }
 
 // The table's defaults must agree with the struct initialisers in config.hpp that other code
