@@ -389,9 +389,10 @@ void Worker::startConnect(Conn& c, uint32_t slot) {
     const ListenerConfig& lc = config_.listeners[c.listener];
     auto fd = openUpstreamSocket(lc.upstream.family(), lc.tcp_nodelay);
     if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
-        // A multishot accept takes every fd it can, so at the limit clients arrive that have no
-        // fd left for their upstream. They are not dropped: they wait (accepting stops) until
-        // a closing connection gives fds back, bounded by connect_timeout.
+        // The fd budget keeps this rare, but pipes or the metrics server can take the last fds
+        // between an accept and its upstream socket. The client is not dropped: it gets the
+        // spare fd, or waits (accepting stops) until a closing connection gives fds back,
+        // bounded by connect_timeout.
         pauseAccepting();
         if (spare_fd_) {
             spare_fd_.reset();
