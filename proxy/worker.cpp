@@ -239,7 +239,15 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
     } else if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {
         // Out of fds (or socket memory) all the same, e.g. pipes took them: the connection stays
         // in the kernel's accept queue until we have room.
-        LOG_WARN("accept on %s: %s; pausing accepts", config_.listeners[li].name.c_str(), strerror(-res));
+        // Logged at most once a second: while fds stay short, every connection that closes
+        // lets accepting resume and hit the limit again.
+        ++emfile_unlogged_;
+        if (now_ms_ - emfile_logged_ms_ >= 1000) {
+            LOG_WARN("accept on %s: %s; pausing accepts (x%u since the last report)",
+                     config_.listeners[li].name.c_str(), strerror(-res), emfile_unlogged_);
+            emfile_logged_ms_ = now_ms_;
+            emfile_unlogged_ = 0;
+        }
         pauseAccepting();
         return;
     } else if (res != -ECANCELED && res != -EINTR && res != -ECONNABORTED && res != -EAGAIN &&

@@ -135,6 +135,8 @@ private:
     __kernel_timespec tick_{};
     int64_t now_ms_ = 0;
     int64_t tick_ms_ = 100;
+    int64_t emfile_logged_ms_ = -1000000;  // rate limit for the EMFILE warning
+    uint32_t emfile_unlogged_ = 0;
     bool accept_paused_ = false;   // listeners paused for want of fds (not for draining)
     bool resume_pending_ = false;  // a connection was freed while paused
     bool draining_ = false;
