@@ -68,11 +68,11 @@ struct Slot {
 
 // Why each failed connection failed; reported on stderr so a bad run explains itself.
 struct ErrorCounts {
-    uint64_t refused = 0;      // ECONNREFUSED at connect
-    uint64_t reset = 0;        // ECONNRESET / EPIPE while talking
-    uint64_t early_eof = 0;    // peer closed before the whole echo came back
-    uint64_t timeout = 0;      // 2 s deadline passed
-    uint64_t no_port = 0;      // EADDRNOTAVAIL: ephemeral ports exhausted (TIME_WAIT pile-up)
+    uint64_t refused = 0;    // ECONNREFUSED at connect
+    uint64_t reset = 0;      // ECONNRESET / EPIPE while talking
+    uint64_t early_eof = 0;  // peer closed before the whole echo came back
+    uint64_t timeout = 0;    // 2 s deadline passed
+    uint64_t no_port = 0;    // EADDRNOTAVAIL: ephemeral ports exhausted (TIME_WAIT pile-up)
     uint64_t other = 0;
     uint64_t total() const { return refused + reset + early_eof + timeout + no_port + other; }
 };
@@ -87,11 +87,13 @@ struct Options {
 
 [[noreturn]] void usage(int code) {
     std::fprintf(code ? stderr : stdout,
-                 "usage: conn_rate --port PORT [--conns N (%d)] [--seconds S (%.0f)] [--max-count N (%llu)]\n"
-                 "                 [--src-ips N (%u): source addresses 127.0.0.2.., 1 = let the kernel pick]\n"
+                 "usage: conn_rate --port PORT [--conns N (%d)] [--seconds S (%.0f)] [--max-count "
+                 "N (%llu)]\n"
+                 "                 [--src-ips N (%u): source addresses 127.0.0.2.., 1 = let the "
+                 "kernel pick]\n"
                  "Connects to 127.0.0.1:PORT, writes %zu B, reads the echo, closes; N in flight.\n",
-                 kDefaultConns, kDefaultSeconds, static_cast<unsigned long long>(kDefaultMaxCount), kDefaultSrcIps,
-                 kPayload);
+                 kDefaultConns, kDefaultSeconds, static_cast<unsigned long long>(kDefaultMaxCount),
+                 kDefaultSrcIps, kPayload);
     std::exit(code);
 }
 
@@ -130,7 +132,7 @@ Options parseArgs(int argc, char** argv) {
 }
 
 class Generator {
-public:
+  public:
     explicit Generator(const Options& o) : opt_(o), slots_(static_cast<size_t>(o.conns)) {
         std::memset(payload_, 'z', sizeof payload_);
         addr_.sin_family = AF_INET;
@@ -171,13 +173,15 @@ public:
         double elapsed_s = static_cast<double>(end_ns_ - begin_ns_) / 1e9;
         double rate = elapsed_s > 0 ? static_cast<double>(latencies_ns_.size()) / elapsed_s : 0;
         std::sort(latencies_ns_.begin(), latencies_ns_.end());
-        std::printf("{\"conns_per_s\":%.1f,\"completed\":%zu,\"errors\":%llu,\"p50_us\":%.1f,\"p99_us\":%.1f}\n",
-                    rate, latencies_ns_.size(), static_cast<unsigned long long>(errors_.total()),
-                    percentileUs(0.50), percentileUs(0.99));
+        std::printf(
+            "{\"conns_per_s\":%.1f,\"completed\":%zu,\"errors\":%llu,\"p50_us\":%.1f,\"p99_us\":%."
+            "1f}\n",
+            rate, latencies_ns_.size(), static_cast<unsigned long long>(errors_.total()),
+            percentileUs(0.50), percentileUs(0.99));
         // The tail beyond p99 on stderr: enough to tell a scheduling hiccup from a SYN retransmit
         // (1 s) without widening the JSON line the scripts parse.
-        std::fprintf(stderr, "conn_rate: p90=%.1fus p99.9=%.1fus max=%.1fus elapsed=%.3fs\n", percentileUs(0.90),
-                     percentileUs(0.999), percentileUs(1.0), elapsed_s);
+        std::fprintf(stderr, "conn_rate: p90=%.1fus p99.9=%.1fus max=%.1fus elapsed=%.3fs\n",
+                     percentileUs(0.90), percentileUs(0.999), percentileUs(1.0), elapsed_s);
         if (errors_.total() > 0) {
             std::fprintf(stderr,
                          "conn_rate: errors: refused=%llu reset=%llu early_eof=%llu timeout=%llu "
@@ -191,7 +195,7 @@ public:
         }
     }
 
-private:
+  private:
     size_t inFlight() const {
         size_t n = 0;
         for (const Slot& s : slots_) n += s.state != SlotState::Idle;
@@ -229,7 +233,8 @@ private:
                 ::setsockopt(s.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof one);
                 sockaddr_in src{};
                 src.sin_family = AF_INET;
-                src.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + static_cast<uint32_t>(started_ % opt_.src_ips));
+                src.sin_addr.s_addr =
+                    htonl(INADDR_LOOPBACK + 1 + static_cast<uint32_t>(started_ % opt_.src_ips));
                 if (::bind(s.fd, reinterpret_cast<const sockaddr*>(&src), sizeof src) < 0) {
                     fail(i, errno);
                     continue;
@@ -343,12 +348,22 @@ private:
 
     void classify(int err) {
         switch (err) {
-            case ECONNREFUSED: ++errors_.refused; break;
+            case ECONNREFUSED:
+                ++errors_.refused;
+                break;
             case ECONNRESET:
-            case EPIPE: ++errors_.reset; break;
-            case ETIMEDOUT: ++errors_.timeout; break;
-            case EADDRNOTAVAIL: ++errors_.no_port; break;
-            default: ++errors_.other; break;
+            case EPIPE:
+                ++errors_.reset;
+                break;
+            case ETIMEDOUT:
+                ++errors_.timeout;
+                break;
+            case EADDRNOTAVAIL:
+                ++errors_.no_port;
+                break;
+            default:
+                ++errors_.other;
+                break;
         }
     }
 

@@ -35,7 +35,7 @@
 namespace {
 
 constexpr int kDefaultSeconds = 600;
-constexpr int kPollMs = 200;           // how often the lifetime and the stop flag are checked
+constexpr int kPollMs = 200;  // how often the lifetime and the stop flag are checked
 constexpr size_t kBufSize = 16 * 1024;
 constexpr uint32_t kListenTag = UINT32_MAX;
 
@@ -53,7 +53,7 @@ struct Conn {
 };
 
 class EchoServer {
-public:
+  public:
     explicit EchoServer(uint64_t close_after) : close_after_(close_after) {}
 
     bool open(uint16_t port) {
@@ -70,7 +70,8 @@ public:
         // Capped by net.core.somaxconn; connection-rate runs need a deep queue.
         if (::listen(listen_fd_, SOMAXCONN) < 0) return perr("listen");
         socklen_t len = sizeof a;
-        if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) < 0) return perr("getsockname");
+        if (::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len) < 0)
+            return perr("getsockname");
         port_ = ntohs(a.sin_port);
         ep_ = ::epoll_create1(EPOLL_CLOEXEC);
         if (ep_ < 0) return perr("epoll_create1");
@@ -107,7 +108,7 @@ public:
         }
     }
 
-private:
+  private:
     static bool perr(const char* what) {
         std::fprintf(stderr, "echo_server: %s: %s\n", what, std::strerror(errno));
         return false;
@@ -199,7 +200,8 @@ private:
 
 [[noreturn]] void usage(int code) {
     std::fprintf(code ? stderr : stdout,
-                 "usage: echo_server [--port PORT (0 = pick)] [--seconds N (%d)] [--close-after BYTES (0 = never)]\n",
+                 "usage: echo_server [--port PORT (0 = pick)] [--seconds N (%d)] [--close-after "
+                 "BYTES (0 = never)]\n",
                  kDefaultSeconds);
     std::exit(code);
 }
@@ -223,7 +225,7 @@ int main(int argc, char** argv) {
     }
     if (port < 0 || port > 65535 || seconds < 1 || close_after < 0) usage(2);
 
-    struct sigaction sa{};
+    struct sigaction sa {};
     sa.sa_handler = onSignal;
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGINT, &sa, nullptr);

@@ -68,7 +68,9 @@ int64_t nowNs() {
 int64_t threadCpuNs() {
     rusage ru{};
     ::getrusage(RUSAGE_THREAD, &ru);
-    auto ns = [](const timeval& tv) { return int64_t{tv.tv_sec} * 1'000'000'000 + int64_t{tv.tv_usec} * 1000; };
+    auto ns = [](const timeval& tv) {
+        return int64_t{tv.tv_sec} * 1'000'000'000 + int64_t{tv.tv_usec} * 1000;
+    };
     return ns(ru.ru_utime) + ns(ru.ru_stime);
 }
 
@@ -81,7 +83,8 @@ void pinTo(int cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
-    if (int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); rc != 0) die("pin", rc);
+    if (int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); rc != 0)
+        die("pin", rc);
 }
 
 struct Options {
@@ -99,14 +102,15 @@ struct Result {
 // SINGLE_ISSUER binds the ring to its creator (the kernel returns -EEXIST to any other
 // submitter), and DEFER_TASKRUN runs completion work only when that thread enters the kernel.
 class Ring {
-public:
+  public:
     Ring() {
         io_uring_params p{};
         // SINGLE_ISSUER: only this thread submits, so the kernel skips submission locking.
         // DEFER_TASKRUN: completion task work waits until we wait; an incoming MSG_RING then
         // arrives as remote task work that wakes us, which is the path a worker would take.
         p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-        if (int rc = io_uring_queue_init_params(kRingEntries, &ring_, &p); rc < 0) die("io_uring_queue_init", -rc);
+        if (int rc = io_uring_queue_init_params(kRingEntries, &ring_, &p); rc < 0)
+            die("io_uring_queue_init", -rc);
     }
     ~Ring() { io_uring_queue_exit(&ring_); }
     Ring(const Ring&) = delete;
@@ -140,7 +144,8 @@ public:
         io_uring_cqe* cqe;
         unsigned head;
         io_uring_for_each_cqe(&ring_, head, cqe) {
-            if (cqe->user_data != kMsgTag) die("msg_ring send failed", cqe->res < 0 ? -cqe->res : EPROTO);
+            if (cqe->user_data != kMsgTag)
+                die("msg_ring send failed", cqe->res < 0 ? -cqe->res : EPROTO);
             *last_seq = static_cast<uint32_t>(cqe->res);
             ++n;
         }
@@ -159,7 +164,7 @@ public:
         return seq;
     }
 
-private:
+  private:
     io_uring ring_{};
 };
 
@@ -210,7 +215,8 @@ Result runMsgRing(int cpu_a, int cpu_b, uint32_t burst, const Options& opt) {
             uint32_t seq = ring.waitFor(1);
             int64_t t1 = nowNs();
             if (seq != i) die("reply out of order", EPROTO);
-            if (i >= opt.warmup) res.rtt_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(t1 - t0, UINT32_MAX)));
+            if (i >= opt.warmup)
+                res.rtt_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(t1 - t0, UINT32_MAX)));
         }
         res.cpu_ns_a = threadCpuNs() - cpu0;
         // The ring must outlive B's last message to it: B is done once join returns.
@@ -258,7 +264,8 @@ Result runEventfd(int cpu_a, int cpu_b, const Options& opt) {
         put(ab);
         take(ba);
         int64_t t1 = nowNs();
-        if (i >= opt.warmup) res.rtt_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(t1 - t0, UINT32_MAX)));
+        if (i >= opt.warmup)
+            res.rtt_ns.push_back(static_cast<uint32_t>(std::min<int64_t>(t1 - t0, UINT32_MAX)));
     }
     res.cpu_ns_a = threadCpuNs() - cpu0;
     b.join();
@@ -287,14 +294,17 @@ const char* placement(int cpu_a, int cpu_b) { return cpu_a == cpu_b ? "same_cpu"
 // covers one send and one receive per round trip.
 void printPingPong(const char* probe, int cpu_a, int cpu_b, Result& r) {
     double n = static_cast<double>(r.rtt_ns.size());
-    double cpu_per_msg_us = n > 0 ? static_cast<double>(r.cpu_ns_a + r.cpu_ns_b) / (2 * n) / 1e3 : 0;
+    double cpu_per_msg_us =
+        n > 0 ? static_cast<double>(r.cpu_ns_a + r.cpu_ns_b) / (2 * n) / 1e3 : 0;
     double mean = meanNs(r.rtt_ns);
     double p50 = percentileNs(r.rtt_ns, 0.50);
     double p99 = percentileNs(r.rtt_ns, 0.99);
-    std::printf("{\"probe\":\"%s\",\"placement\":\"%s\",\"cpu_a\":%d,\"cpu_b\":%d,\"round_trips\":%zu,"
-                "\"one_way_p50_us\":%.2f,\"one_way_p99_us\":%.2f,\"one_way_mean_us\":%.2f,\"cpu_us_per_msg\":%.2f}\n",
-                probe, placement(cpu_a, cpu_b), cpu_a, cpu_b, r.rtt_ns.size(), p50 / 2e3, p99 / 2e3, mean / 2e3,
-                cpu_per_msg_us);
+    std::printf(
+        "{\"probe\":\"%s\",\"placement\":\"%s\",\"cpu_a\":%d,\"cpu_b\":%d,\"round_trips\":%zu,"
+        "\"one_way_p50_us\":%.2f,\"one_way_p99_us\":%.2f,\"one_way_mean_us\":%.2f,\"cpu_us_per_"
+        "msg\":%.2f}\n",
+        probe, placement(cpu_a, cpu_b), cpu_a, cpu_b, r.rtt_ns.size(), p50 / 2e3, p99 / 2e3,
+        mean / 2e3, cpu_per_msg_us);
     std::fflush(stdout);
 }
 
@@ -302,14 +312,16 @@ void printPingPong(const char* probe, int cpu_a, int cpu_b, Result& r) {
 // round trip (and the CPU of both threads) by kBurst, so the reply is amortised into them.
 void printBurst(int cpu_a, int cpu_b, Result& r) {
     double n = static_cast<double>(r.rtt_ns.size());
-    double cpu_per_msg_us = n > 0 ? static_cast<double>(r.cpu_ns_a + r.cpu_ns_b) / (kBurst * n) / 1e3 : 0;
+    double cpu_per_msg_us =
+        n > 0 ? static_cast<double>(r.cpu_ns_a + r.cpu_ns_b) / (kBurst * n) / 1e3 : 0;
     double p50 = percentileNs(r.rtt_ns, 0.50);
     double p99 = percentileNs(r.rtt_ns, 0.99);
-    std::printf("{\"probe\":\"msg_ring_burst\",\"placement\":\"%s\",\"cpu_a\":%d,\"cpu_b\":%d,\"burst\":%u,"
-                "\"round_trips\":%zu,\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"per_msg_p50_us\":%.3f,"
-                "\"cpu_us_per_msg\":%.3f}\n",
-                placement(cpu_a, cpu_b), cpu_a, cpu_b, kBurst, r.rtt_ns.size(), p50 / 1e3, p99 / 1e3,
-                p50 / kBurst / 1e3, cpu_per_msg_us);
+    std::printf(
+        "{\"probe\":\"msg_ring_burst\",\"placement\":\"%s\",\"cpu_a\":%d,\"cpu_b\":%d,\"burst\":%u,"
+        "\"round_trips\":%zu,\"rtt_p50_us\":%.2f,\"rtt_p99_us\":%.2f,\"per_msg_p50_us\":%.3f,"
+        "\"cpu_us_per_msg\":%.3f}\n",
+        placement(cpu_a, cpu_b), cpu_a, cpu_b, kBurst, r.rtt_ns.size(), p50 / 1e3, p99 / 1e3,
+        p50 / kBurst / 1e3, cpu_per_msg_us);
     std::fflush(stdout);
 }
 
@@ -332,8 +344,8 @@ Options parseArgs(int argc, char** argv) {
             }
             (a == "--iters" ? o.iters : o.warmup) = static_cast<uint32_t>(v);
         } else {
-            std::fprintf(stderr, "usage: msg_ring_probe [--iters N (%u)] [--warmup N (%u)]\n", kDefaultIters,
-                         kDefaultWarmup);
+            std::fprintf(stderr, "usage: msg_ring_probe [--iters N (%u)] [--warmup N (%u)]\n",
+                         kDefaultIters, kDefaultWarmup);
             std::exit(a == "-h" || a == "--help" ? 0 : 2);
         }
     }
@@ -351,10 +363,13 @@ int main(int argc, char** argv) {
     {
         cpu_set_t set;
         CPU_ZERO(&set);
-        two_cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_ISSET(0, &set) && CPU_ISSET(1, &set);
+        two_cpus = ::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_ISSET(0, &set) &&
+                   CPU_ISSET(1, &set);
     }
     if (!two_cpus)
-        std::fprintf(stderr, "msg_ring_probe: CPUs 0 and 1 are not both available; skipping cross-CPU variants\n");
+        std::fprintf(
+            stderr,
+            "msg_ring_probe: CPUs 0 and 1 are not both available; skipping cross-CPU variants\n");
 
     struct Placement {
         int a, b;

@@ -9,7 +9,7 @@ packages=(
   build-essential cmake pkg-config
   liburing-dev libyaml-cpp-dev prometheus-cpp-dev libexpected-dev
   # BPF (sockmap data path): clang -target bpf, bpftool skeletons, libbpf
-  libbpf-dev bpftool clang llvm
+  libbpf-dev bpftool clang llvm clang-format
   # tests
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
   # benches and peers

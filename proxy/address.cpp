@@ -14,7 +14,6 @@ namespace {
 
 constexpr std::string_view kExpected = "expected host:port, e.g. 127.0.0.1:10000 or [::1]:10000";
 
-
 const sockaddr_in& v4(const SocketAddress& a) {
     return *reinterpret_cast<const sockaddr_in*>(&a.storage);
 }

@@ -4,7 +4,6 @@
 
 #include <string>
 #include <string_view>
-
 #include <tl/expected.hpp>
 
 namespace zcrelay {

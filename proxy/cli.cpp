@@ -13,7 +13,7 @@ struct Flag {
     std::string_view name;
     std::string_view alias;  // a short form, or ""
     std::string_view arg;    // the value's name in the usage text; "" = takes no value
-    std::optional<std::string> CliOptions::* target;  // where the value goes, or nullptr
+    std::optional<std::string> CliOptions::*target;  // where the value goes, or nullptr
     CliAction action;
     std::string_view help;
 };

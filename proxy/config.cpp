@@ -159,7 +159,8 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .kind = Kind::Bool,
      .member = &ListenerConfig::tcp_nodelay,
      .fallback = "true",
-     .help = "TCP_NODELAY on both sockets: small writes go out at once (false: Nagle batches bulk)"},
+     .help =
+         "TCP_NODELAY on both sockets: small writes go out at once (false: Nagle batches bulk)"},
 };
 
 template <class T>

@@ -19,7 +19,7 @@ enum class Mode : uint8_t { Splice, Copy };
 std::string_view modeName(Mode m);
 
 struct ListenerConfig {
-    std::string name;            // unique; the `listener` label of every metric
+    std::string name;  // unique; the `listener` label of every metric
     SocketAddress listen;
     SocketAddress upstream;
     Mode mode = Mode::Splice;
@@ -34,7 +34,7 @@ struct ListenerConfig {
 };
 
 struct MetricsConfig {
-    bool enabled = true;  // `metrics: {listen: ""}` or `metrics: {enabled: false}` turns it off
+    bool enabled = true;   // `metrics: {listen: ""}` or `metrics: {enabled: false}` turns it off
     SocketAddress listen;  // default 127.0.0.1:9100
 
     bool operator==(const MetricsConfig&) const = default;
@@ -54,7 +54,7 @@ struct Config {
 //   "config.yaml:7:5: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"
 // i.e. source:line:column: key path: what is wrong.
 class ConfigError : public std::runtime_error {
-public:
+  public:
     using std::runtime_error::runtime_error;
 };
 

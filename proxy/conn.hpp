@@ -55,36 +55,39 @@ struct CopyQueue {
     bool full() const { return count == kCapacity; }
     CopyChunk& front() { return items[head]; }
     void push(CopyChunk c) { items[(head + count++) % kCapacity] = c; }
-    void pop() { head = (head + 1) % kCapacity; --count; }
+    void pop() {
+        head = (head + 1) % kCapacity;
+        --count;
+    }
 };
 
 struct Direction {
     DataPath path = DataPath::Splice;
-    bool eof = false;        // src returned end of stream
-    bool finished = false;   // eof propagated: dst shut down for writing
-    bool poll_in = false;    // POLLIN armed on src
-    bool watch = false;      // POLLRDHUP watch armed on src (while not reading it)
-    bool src_hup = false;    // the watch saw src's FIN; the data before it is still to be read
-    bool poll_out = false;   // POLLOUT armed on dst
-    bool recv_armed = false; // copy: a recv on src in flight
-    bool send_armed = false; // copy: a send on dst in flight
-    Pipe pipe;               // splice: held only while bytes are moving
-    uint32_t in_pipe = 0;    // splice: bytes read into the pipe and not yet written out
-    CopyQueue queue;         // copy: buffers in flight
+    bool eof = false;         // src returned end of stream
+    bool finished = false;    // eof propagated: dst shut down for writing
+    bool poll_in = false;     // POLLIN armed on src
+    bool watch = false;       // POLLRDHUP watch armed on src (while not reading it)
+    bool src_hup = false;     // the watch saw src's FIN; the data before it is still to be read
+    bool poll_out = false;    // POLLOUT armed on dst
+    bool recv_armed = false;  // copy: a recv on src in flight
+    bool send_armed = false;  // copy: a send on dst in flight
+    Pipe pipe;                // splice: held only while bytes are moving
+    uint32_t in_pipe = 0;     // splice: bytes read into the pipe and not yet written out
+    CopyQueue queue;          // copy: buffers in flight
 
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
 };
 
 struct Conn {
     ConnState state = ConnState::Free;
-    uint8_t listener = 0;          // index into the config's listeners
-    bool counted_active = false;   // accepted and counted, not yet counted as closed
-    uint32_t generation = 0;       // bumped on every reuse of the slot
-    uint32_t inflight = 0;         // SQEs issued for this slot whose CQE has not arrived
-    int fd[2] = {-1, -1};          // [0] client, [1] upstream
-    int64_t last_active_ms = 0;    // monotonic ms of the last byte moved (idle timeout)
+    uint8_t listener = 0;         // index into the config's listeners
+    bool counted_active = false;  // accepted and counted, not yet counted as closed
+    uint32_t generation = 0;      // bumped on every reuse of the slot
+    uint32_t inflight = 0;        // SQEs issued for this slot whose CQE has not arrived
+    int fd[2] = {-1, -1};         // [0] client, [1] upstream
+    int64_t last_active_ms = 0;   // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;
-    uint32_t next_free = 0;        // free-list link while Free
+    uint32_t next_free = 0;  // free-list link while Free
 
     bool bothFinished() const { return dir[0].finished && dir[1].finished; }
 };

@@ -14,7 +14,9 @@ constexpr const char* kLevelNames[] = {"debug", "info", "warn", "error"};
 }  // namespace
 
 void setLogLevel(LogLevel level) { g_level.store(static_cast<int>(level)); }
-bool logEnabled(LogLevel level) { return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed); }
+bool logEnabled(LogLevel level) {
+    return static_cast<int>(level) >= g_level.load(std::memory_order_relaxed);
+}
 void setLogThreadName(const char* name) { t_name = name; }
 
 void logLine(LogLevel level, const char* fmt, ...) {

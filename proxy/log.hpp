@@ -15,8 +15,8 @@ void logLine(LogLevel level, const char* fmt, ...) __attribute__((format(printf,
 
 }  // namespace zcrelay
 
-#define ZLOG(level, ...)                                                        \
-    do {                                                                        \
+#define ZLOG(level, ...)                                                          \
+    do {                                                                          \
         if (::zcrelay::logEnabled(level)) ::zcrelay::logLine(level, __VA_ARGS__); \
     } while (0)
 #define LOG_DEBUG(...) ZLOG(::zcrelay::LogLevel::Debug, __VA_ARGS__)

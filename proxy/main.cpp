@@ -32,10 +32,11 @@ void printReady(const Server& server) {
     }
     const ListenerConfig& first = cfg.listeners.front();
     SocketAddress up = first.upstream;
-    std::printf("zcrelay: try it: `nc -l %s %u > received` as the upstream, then `nc -N %s %u < file`\n",
-                up.family() == AF_INET6 ? "::1" : "127.0.0.1", up.port(),
-                server.boundAddresses()[0].family() == AF_INET6 ? "::1" : "127.0.0.1",
-                server.boundAddresses()[0].port());
+    std::printf(
+        "zcrelay: try it: `nc -l %s %u > received` as the upstream, then `nc -N %s %u < file`\n",
+        up.family() == AF_INET6 ? "::1" : "127.0.0.1", up.port(),
+        server.boundAddresses()[0].family() == AF_INET6 ? "::1" : "127.0.0.1",
+        server.boundAddresses()[0].port());
     std::printf("zcrelay: ready\n");
     std::fflush(stdout);
 }
@@ -52,10 +53,17 @@ int main(int argc, char** argv) {
         return 2;
     }
     switch (options.action) {
-        case CliAction::Help: std::fputs(usageText().c_str(), stdout); return 0;
-        case CliAction::Version: std::printf("zcrelay %s\n", ZCRELAY_VERSION); return 0;
-        case CliAction::PrintDefaultConfig: std::fputs(std::string(defaultConfigYaml()).c_str(), stdout); return 0;
-        default: break;
+        case CliAction::Help:
+            std::fputs(usageText().c_str(), stdout);
+            return 0;
+        case CliAction::Version:
+            std::printf("zcrelay %s\n", ZCRELAY_VERSION);
+            return 0;
+        case CliAction::PrintDefaultConfig:
+            std::fputs(std::string(defaultConfigYaml()).c_str(), stdout);
+            return 0;
+        default:
+            break;
     }
     Config config;
     try {
@@ -65,8 +73,9 @@ int main(int argc, char** argv) {
         return 1;
     }
     if (options.action == CliAction::CheckConfig) {
-        std::printf("zcrelay: %s: OK (%zu listener%s)\n", options.config_path.value_or("<default>").c_str(),
-                    config.listeners.size(), config.listeners.size() == 1 ? "" : "s");
+        std::printf("zcrelay: %s: OK (%zu listener%s)\n",
+                    options.config_path.value_or("<default>").c_str(), config.listeners.size(),
+                    config.listeners.size() == 1 ? "" : "s");
         return 0;
     }
 
@@ -96,8 +105,8 @@ int main(int argc, char** argv) {
         int sig = sigtimedwait(&set, nullptr, &wait);
         if (sig == SIGTERM || sig == SIGINT) {
             if (!draining) {
-                LOG_INFO("%s: no longer accepting; draining live connections (up to %s)", strsignal(sig),
-                         formatDuration((*server)->config().drain_timeout).c_str());
+                LOG_INFO("%s: no longer accepting; draining live connections (up to %s)",
+                         strsignal(sig), formatDuration((*server)->config().drain_timeout).c_str());
                 (*server)->drain();
                 draining = true;
             } else {
@@ -105,7 +114,8 @@ int main(int argc, char** argv) {
                 (*server)->stop();
             }
         } else if (sig == SIGHUP) {
-            LOG_WARN("SIGHUP: configuration reload is not supported yet; keeping the running config");
+            LOG_WARN(
+                "SIGHUP: configuration reload is not supported yet; keeping the running config");
         }
     }
     (*server)->join();

@@ -1,15 +1,14 @@
 #include "metrics.hpp"
 
+#include <prometheus/exposer.h>
+#include <prometheus/text_serializer.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <thread>
-
 #include <cstdio>
 #include <cstring>
-#include <prometheus/exposer.h>
-#include <prometheus/text_serializer.h>
+#include <thread>
 
 #include "address.hpp"
 #include "config.hpp"
@@ -36,7 +35,7 @@ int processThreads() {
 }
 
 class Family {
-public:
+  public:
     Family(std::string name, std::string help, MetricType type) {
         f_.name = std::move(name);
         f_.help = std::move(help);
@@ -45,19 +44,21 @@ public:
     Family& add(std::vector<ClientMetric::Label> labels, double value) {
         ClientMetric m;
         m.label = std::move(labels);
-        if (f_.type == MetricType::Counter) m.counter.value = value;
-        else m.gauge.value = value;
+        if (f_.type == MetricType::Counter)
+            m.counter.value = value;
+        else
+            m.gauge.value = value;
         f_.metric.push_back(std::move(m));
         return *this;
     }
     MetricFamily take() { return std::move(f_); }
 
-private:
+  private:
     MetricFamily f_;
 };
 
 class Collector : public prometheus::Collectable {
-public:
+  public:
     Collector(const Config& config, std::vector<const WorkerStats*> workers)
         : workers_(std::move(workers)) {
         for (const auto& l : config.listeners) listeners_.push_back(l.name);
@@ -69,45 +70,57 @@ public:
             for (const WorkerStats* w : workers_) total += get(*w);
             return static_cast<double>(total);
         };
-        Family conns("zcrelay_connections_total", "Downstream connections accepted.", MetricType::Counter);
-        Family active("zcrelay_connections_active", "Connections open now (accepted, not yet closed).",
-                      MetricType::Gauge);
-        Family bytes("zcrelay_bytes_total",
-                     "Bytes relayed: direction=upstream is client to upstream, downstream is upstream to client.",
+        Family conns("zcrelay_connections_total", "Downstream connections accepted.",
                      MetricType::Counter);
-        Family failures("zcrelay_upstream_connect_failures_total", "Upstream connects that failed, by reason.",
-                        MetricType::Counter);
-        Family closed("zcrelay_connections_closed_total", "Connections closed, by reason.", MetricType::Counter);
+        Family active("zcrelay_connections_active",
+                      "Connections open now (accepted, not yet closed).", MetricType::Gauge);
+        Family bytes("zcrelay_bytes_total",
+                     "Bytes relayed: direction=upstream is client to upstream, downstream is "
+                     "upstream to client.",
+                     MetricType::Counter);
+        Family failures("zcrelay_upstream_connect_failures_total",
+                        "Upstream connects that failed, by reason.", MetricType::Counter);
+        Family closed("zcrelay_connections_closed_total", "Connections closed, by reason.",
+                      MetricType::Counter);
         for (size_t i = 0; i < listeners_.size(); ++i) {
             const std::string& name = listeners_[i];
-            double accepted = sum([i](const WorkerStats& w) { return w.listeners[i].accepted.get(); });
+            double accepted =
+                sum([i](const WorkerStats& w) { return w.listeners[i].accepted.get(); });
             double closed_total = 0;
             for (size_t r = 0; r < idx(CloseReason::kCount); ++r) {
-                double v = sum([i, r](const WorkerStats& w) { return w.listeners[i].closed[r].get(); });
+                double v =
+                    sum([i, r](const WorkerStats& w) { return w.listeners[i].closed[r].get(); });
                 closed_total += v;
                 closed.add({{"listener", name}, {"reason", std::string(kCloseReasonLabels[r])}}, v);
             }
             conns.add({{"listener", name}}, accepted);
             active.add({{"listener", name}}, accepted - closed_total);
-            bytes.add({{"direction", "upstream"}, {"listener", name}},
-                      sum([i](const WorkerStats& w) { return w.listeners[i].bytes_upstream.get(); }));
-            bytes.add({{"direction", "downstream"}, {"listener", name}},
-                      sum([i](const WorkerStats& w) { return w.listeners[i].bytes_downstream.get(); }));
+            bytes.add(
+                {{"direction", "upstream"}, {"listener", name}},
+                sum([i](const WorkerStats& w) { return w.listeners[i].bytes_upstream.get(); }));
+            bytes.add(
+                {{"direction", "downstream"}, {"listener", name}},
+                sum([i](const WorkerStats& w) { return w.listeners[i].bytes_downstream.get(); }));
             for (size_t r = 0; r < idx(ConnectFailure::kCount); ++r) {
-                failures.add({{"listener", name}, {"reason", std::string(kConnectFailureLabels[r])}},
-                             sum([i, r](const WorkerStats& w) { return w.listeners[i].connect_failures[r].get(); }));
+                failures.add(
+                    {{"listener", name}, {"reason", std::string(kConnectFailureLabels[r])}},
+                    sum([i, r](const WorkerStats& w) {
+                        return w.listeners[i].connect_failures[r].get();
+                    }));
             }
         }
-        Family fallbacks("zcrelay_pipe_fallbacks_total",
-                         "Directions that wanted a pipe and moved their bytes by copy instead, by reason.",
-                         MetricType::Counter);
+        Family fallbacks(
+            "zcrelay_pipe_fallbacks_total",
+            "Directions that wanted a pipe and moved their bytes by copy instead, by reason.",
+            MetricType::Counter);
         for (size_t r = 0; r < idx(PipeFallback::kCount); ++r) {
             fallbacks.add({{"reason", std::string(kPipeFallbackLabels[r])}},
                           sum([r](const WorkerStats& w) { return w.pipe_fallbacks[r].get(); }));
         }
-        Family per_worker("zcrelay_worker_connections_total",
-                          "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
-                          MetricType::Counter);
+        Family per_worker(
+            "zcrelay_worker_connections_total",
+            "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
+            MetricType::Counter);
         for (size_t w = 0; w < workers_.size(); ++w) {
             uint64_t n = 0;
             for (const ListenerStats& l : workers_[w]->listeners) n += l.accepted.get();
@@ -115,26 +128,30 @@ public:
         }
         Family in_use("zcrelay_pipes_in_use", "Pipes held by busy directions.", MetricType::Gauge);
         in_use.add({}, sum([](const WorkerStats& w) { return w.pipes_in_use.get(); }));
-        Family cached("zcrelay_pipes_cached", "Empty pipes kept open for reuse (2 fds each).", MetricType::Gauge);
+        Family cached("zcrelay_pipes_cached", "Empty pipes kept open for reuse (2 fds each).",
+                      MetricType::Gauge);
         cached.add({}, sum([](const WorkerStats& w) { return w.pipes_cached.get(); }));
-        Family paused("zcrelay_accept_paused_total",
-                      "Times a worker stopped accepting because the process or system ran out of fds.",
-                      MetricType::Counter);
+        Family paused(
+            "zcrelay_accept_paused_total",
+            "Times a worker stopped accepting because the process or system ran out of fds.",
+            MetricType::Counter);
         paused.add({}, sum([](const WorkerStats& w) { return w.accept_paused.get(); }));
-        Family threads("zcrelay_process_threads", "Threads of the process, io_uring io-wq workers included.",
+        Family threads("zcrelay_process_threads",
+                       "Threads of the process, io_uring io-wq workers included.",
                        MetricType::Gauge);
         threads.add({}, processThreads());
-        Family info("zcrelay_build_info", "Build information; the value is always 1.", MetricType::Gauge);
+        Family info("zcrelay_build_info", "Build information; the value is always 1.",
+                    MetricType::Gauge);
         info.add({{"version", ZCRELAY_VERSION}}, 1);
 
         std::vector<MetricFamily> out;
-        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &fallbacks, &per_worker, &in_use, &cached,
-                          &paused, &threads, &info})
+        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &fallbacks, &per_worker,
+                          &in_use, &cached, &paused, &threads, &info})
             out.push_back(f->take());
         return out;
     }
 
-private:
+  private:
     std::vector<const WorkerStats*> workers_;
     std::vector<std::string> listeners_;
 };
@@ -142,7 +159,8 @@ private:
 }  // namespace
 
 MetricsEndpoint::MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers)
-    : address_(config.metrics.listen), collector_(std::make_shared<Collector>(config, std::move(workers))) {
+    : address_(config.metrics.listen),
+      collector_(std::make_shared<Collector>(config, std::move(workers))) {
     // One civetweb thread is plenty for scrapes and keeps the process's thread count small.
     exposer_ = std::make_unique<prometheus::Exposer>(config.metrics.listen.toString(), 1);
     exposer_->RegisterCollectable(collector_);

@@ -5,30 +5,36 @@
 // relaxed load + store (a plain mov on x86), never a locked instruction or a mutex on the data
 // path. The exposer thread reads them at scrape time through a prometheus-cpp Collectable that
 // sums all workers; a relaxed read may lag a few increments behind, never tears.
+#include <prometheus/collectable.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <prometheus/collectable.h>
-
 #include "address.hpp"
 #include "reasons.hpp"
 
-namespace prometheus { class Exposer; }
+namespace prometheus {
+class Exposer;
+}
 
 namespace zcrelay {
 
 struct Config;
 
 class StatCounter {
-public:
-    void add(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
-    void sub(uint64_t n = 1) { v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed); }
+  public:
+    void add(uint64_t n = 1) {
+        v_.store(v_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+    void sub(uint64_t n = 1) {
+        v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
+    }
     uint64_t get() const { return v_.load(std::memory_order_relaxed); }
 
-private:
+  private:
     std::atomic<uint64_t> v_{0};
 };
 
@@ -44,20 +50,20 @@ struct WorkerStats {
     explicit WorkerStats(size_t listeners) : listeners(listeners) {}
     std::vector<ListenerStats> listeners;  // sized once; never resized while workers run
     std::array<StatCounter, idx(PipeFallback::kCount)> pipe_fallbacks;
-    StatCounter pipes_in_use;     // gauge: pipes held by directions
-    StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
-    StatCounter accept_paused;    // accept stopped on EMFILE/ENFILE
+    StatCounter pipes_in_use;   // gauge: pipes held by directions
+    StatCounter pipes_cached;   // gauge: empty pipes kept for reuse
+    StatCounter accept_paused;  // accept stopped on EMFILE/ENFILE
 };
 
 // The /metrics endpoint: a civetweb server (prometheus-cpp pull) serving the sum of all
 // workers' stats. Throws std::exception if the address cannot be bound (start-up only).
 class MetricsEndpoint {
-public:
+  public:
     MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers);
     ~MetricsEndpoint();
     uint16_t port() const;
 
-private:
+  private:
     SocketAddress address_;
     std::shared_ptr<prometheus::Collectable> collector_;
     std::unique_ptr<prometheus::Exposer> exposer_;

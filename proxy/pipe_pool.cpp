@@ -28,8 +28,7 @@ tl::expected<Pipe, PipeFallback> PipePool::acquire() {
     // O_NONBLOCK on both ends: splice(SPLICE_F_NONBLOCK) only makes the *pipe* side
     // nonblocking, and a relay thread must never sleep in the kernel.
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) {
-        if (errno != EMFILE && errno != ENFILE)
-            LOG_WARN("pipe2: %s", strerror(errno));
+        if (errno != EMFILE && errno != ENFILE) LOG_WARN("pipe2: %s", strerror(errno));
         return tl::unexpected(PipeFallback::Emfile);
     }
     Pipe p{fds[0], fds[1], 0, false};

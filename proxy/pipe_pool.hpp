@@ -14,7 +14,6 @@
 // - A pipe starts at kStartSize and grows to the listener's pipe_size only when a splice fills
 //   it, and shrinks back when cached: a busy bulk flow gets 1 MiB, a chatty one stays small.
 #include <cstdint>
-
 #include <tl/expected.hpp>
 #include <vector>
 
@@ -33,7 +32,7 @@ struct Pipe {
 };
 
 class PipePool {
-public:
+  public:
     static constexpr uint32_t kStartSize = 64 * 1024;
     static constexpr size_t kMaxCached = 64;
 
@@ -42,7 +41,9 @@ public:
     // kept in reserve for the process's own needs: the kernel hands out the lowest free fd,
     // so an fd that high means the table is nearly full.
     PipePool(uint64_t limit, int fd_ceiling, WorkerStats& stats)
-        : limit_(limit), fd_ceiling_(fd_ceiling), stats_(stats) { free_.reserve(kMaxCached); }
+        : limit_(limit), fd_ceiling_(fd_ceiling), stats_(stats) {
+        free_.reserve(kMaxCached);
+    }
     ~PipePool();
     PipePool(const PipePool&) = delete;
     PipePool& operator=(const PipePool&) = delete;
@@ -58,7 +59,7 @@ public:
     uint64_t inUse() const { return in_use_; }
     size_t cached() const { return free_.size(); }
 
-private:
+  private:
     void closePipe(Pipe& pipe);
 
     uint64_t limit_;

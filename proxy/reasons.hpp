@@ -8,26 +8,26 @@
 namespace zcrelay {
 
 // Why a connection ended.
-#define ZCRELAY_CLOSE_REASONS(X)                                                       \
-    X(Done, "done")                     /* both directions finished with a FIN */      \
-    X(ClientReset, "client_reset")      /* RST or socket error on the client side */   \
-    X(UpstreamReset, "upstream_reset")  /* RST or socket error on the upstream side */ \
-    X(ConnectFailed, "connect_failed")  /* the upstream never answered the connect */  \
-    X(IdleTimeout, "idle_timeout")      /* no byte either way for idle_timeout */      \
-    X(Drain, "drain")                   /* still open when drain_timeout ran out */    \
-    X(Error, "error")                   /* a local failure: fd limit, pipe, ring */
+#define ZCRELAY_CLOSE_REASONS(X)                                                      \
+    X(Done, "done")                    /* both directions finished with a FIN */      \
+    X(ClientReset, "client_reset")     /* RST or socket error on the client side */   \
+    X(UpstreamReset, "upstream_reset") /* RST or socket error on the upstream side */ \
+    X(ConnectFailed, "connect_failed") /* the upstream never answered the connect */  \
+    X(IdleTimeout, "idle_timeout")     /* no byte either way for idle_timeout */      \
+    X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
+    X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
 
 // Why an upstream connect failed.
-#define ZCRELAY_CONNECT_FAILURES(X)               \
-    X(Refused, "refused")                         \
-    X(Timeout, "timeout")                         \
-    X(Unreachable, "unreachable")                 \
-    X(AddrNotAvail, "addr_not_avail")             \
+#define ZCRELAY_CONNECT_FAILURES(X)   \
+    X(Refused, "refused")             \
+    X(Timeout, "timeout")             \
+    X(Unreachable, "unreachable")     \
+    X(AddrNotAvail, "addr_not_avail") \
     X(Other, "other")
 
 // Why a direction that wanted a pipe moved its bytes by copy instead.
-#define ZCRELAY_PIPE_FALLBACKS(X)                                                      \
-    X(PoolExhausted, "pool_exhausted") /* the worker's share of max_pipes is in use */ \
+#define ZCRELAY_PIPE_FALLBACKS(X)                                                              \
+    X(PoolExhausted, "pool_exhausted") /* the worker's share of max_pipes is in use */         \
     X(PipeLimit, "pipe_limit")         /* pipe-user-pages-soft: the kernel gave a tiny pipe */ \
     X(Emfile, "emfile")                /* no fd left for the pipe's two ends */
 
@@ -46,7 +46,9 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(PipeFallback::
     kPipeFallbackLabels{ZCRELAY_PIPE_FALLBACKS(ZCRELAY_LABEL_ITEM)};
 
 template <typename E>
-constexpr size_t idx(E e) { return static_cast<size_t>(e); }
+constexpr size_t idx(E e) {
+    return static_cast<size_t>(e);
+}
 
 inline std::string_view label(CloseReason r) { return kCloseReasonLabels[idx(r)]; }
 inline std::string_view label(ConnectFailure r) { return kConnectFailureLabels[idx(r)]; }

@@ -4,14 +4,13 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-
 #include <tl/expected.hpp>
 
 namespace zcrelay {
 
 struct SysError {
-    int code = 0;              // errno value
-    const char* what = "";     // static text: the call that failed, e.g. "bind"
+    int code = 0;           // errno value
+    const char* what = "";  // static text: the call that failed, e.g. "bind"
 
     std::string message() const { return std::string(what) + ": " + std::strerror(code); }
 };

@@ -24,13 +24,14 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         for (unsigned w = 0; w < cfg.workers; ++w) {
             auto fd = openListener(addr);
             if (!fd) {
-                return tl::unexpected("listener " + l.name + ": " + fd.error().what + " " + addr.toString() +
-                                      ": " + std::strerror(fd.error().code));
+                return tl::unexpected("listener " + l.name + ": " + fd.error().what + " " +
+                                      addr.toString() + ": " + std::strerror(fd.error().code));
             }
             if (w == 0) {
                 // With port 0 the first bind picks the port; the other workers join it.
                 auto bound = boundAddress(fd->get());
-                if (!bound) return tl::unexpected("listener " + l.name + ": " + bound.error().message());
+                if (!bound)
+                    return tl::unexpected("listener " + l.name + ": " + bound.error().message());
                 addr = *bound;
                 server->bound_.push_back(addr);
             }
@@ -47,9 +48,11 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     uint64_t usable = nofile.rlim_cur > kReservedFds ? nofile.rlim_cur - kReservedFds : 2;
     uint32_t per_worker = static_cast<uint32_t>(std::max<uint64_t>(1, usable / 2 / cfg.workers));
     LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
-             static_cast<unsigned long long>(nofile.rlim_cur), per_worker, per_worker * cfg.workers);
+             static_cast<unsigned long long>(nofile.rlim_cur), per_worker,
+             per_worker * cfg.workers);
     for (unsigned w = 0; w < cfg.workers; ++w)
-        server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]), per_worker));
+        server->workers_.push_back(
+            std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]), per_worker));
 
     if (cfg.metrics.enabled) {
         std::vector<const WorkerStats*> stats;

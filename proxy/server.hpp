@@ -8,9 +8,8 @@
 //          the final counts can still be scraped during the drain.
 #include <memory>
 #include <string>
-#include <vector>
-
 #include <tl/expected.hpp>
+#include <vector>
 
 #include "config.hpp"
 #include "metrics.hpp"
@@ -19,7 +18,7 @@
 namespace zcrelay {
 
 class Server {
-public:
+  public:
     // The error names what failed, e.g. "listener web: bind 127.0.0.1:80: Permission denied".
     static tl::expected<std::unique_ptr<Server>, std::string> start(Config config);
     ~Server();
@@ -35,7 +34,7 @@ public:
     bool finished() const;
     void join();
 
-private:
+  private:
     explicit Server(Config config) : config_(std::move(config)) {}
 
     Config config_;

@@ -6,7 +6,6 @@
 namespace zcrelay {
 namespace {
 
-
 bool isDigit(char c) { return c >= '0' && c <= '9'; }
 
 // Reads leading digits into `value`; false on uint64 overflow. `pos` ends after the digits.
@@ -30,12 +29,12 @@ constexpr std::array<std::pair<std::string_view, uint64_t>, 11> kSizeUnits{
      {"k", kKiB},
      {"KB", kKiB},
      {"KiB", kKiB},
-     {"M", kKiB * kKiB},
-     {"MB", kKiB * kKiB},
-     {"MiB", kKiB * kKiB},
-     {"G", kKiB * kKiB * kKiB},
-     {"GB", kKiB * kKiB * kKiB},
-     {"GiB", kKiB * kKiB * kKiB}}};
+     {"M", kKiB* kKiB},
+     {"MB", kKiB* kKiB},
+     {"MiB", kKiB* kKiB},
+     {"G", kKiB* kKiB* kKiB},
+     {"GB", kKiB* kKiB* kKiB},
+     {"GiB", kKiB* kKiB* kKiB}}};
 
 }  // namespace
 

@@ -16,14 +16,19 @@ Result<UniqueFd> openUpstreamSocket(int family, bool nodelay) {
 
 ConnectFailure classifyConnectError(int err) {
     switch (err) {
-        case ECONNREFUSED: return ConnectFailure::Refused;
+        case ECONNREFUSED:
+            return ConnectFailure::Refused;
         case ECANCELED:
-        case ETIMEDOUT: return ConnectFailure::Timeout;
+        case ETIMEDOUT:
+            return ConnectFailure::Timeout;
         case ENETUNREACH:
         case EHOSTUNREACH:
-        case ENETDOWN: return ConnectFailure::Unreachable;
-        case EADDRNOTAVAIL: return ConnectFailure::AddrNotAvail;
-        default: return ConnectFailure::Other;
+        case ENETDOWN:
+            return ConnectFailure::Unreachable;
+        case EADDRNOTAVAIL:
+            return ConnectFailure::AddrNotAvail;
+        default:
+            return ConnectFailure::Other;
     }
 }
 

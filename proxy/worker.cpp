@@ -1,8 +1,8 @@
 #include "worker.hpp"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -22,7 +22,7 @@ namespace zcrelay {
 namespace {
 
 constexpr unsigned kRingEntries = 4096;
-constexpr uint32_t kCopyBuffers = 256;          // per worker; a power of two (buffer ring)
+constexpr uint32_t kCopyBuffers = 256;  // per worker; a power of two (buffer ring)
 constexpr uint32_t kCopyBufferSize = 64 * 1024;
 constexpr uint16_t kBufGroup = 0;
 // Accepts armed at once per listener: enough to take a burst of connections per ring
@@ -46,8 +46,13 @@ __kernel_timespec toTimespec(Duration d) {
 
 bool isPeerError(int err) {
     switch (err) {
-        case ECONNRESET: case EPIPE: case ETIMEDOUT: case ECONNABORTED:
-        case EHOSTUNREACH: case ENETUNREACH: case ENOTCONN:
+        case ECONNRESET:
+        case EPIPE:
+        case ETIMEDOUT:
+        case ECONNABORTED:
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+        case ENOTCONN:
             return true;
         default:
             return false;
@@ -66,8 +71,12 @@ int64_t tickFor(const Config& config) {
 
 }  // namespace
 
-Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns)
-    : id_(id), config_(config), name_("w" + std::to_string(id)), max_conns_(max_conns),
+Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds,
+               uint32_t max_conns)
+    : id_(id),
+      config_(config),
+      name_("w" + std::to_string(id)),
+      max_conns_(max_conns),
       stats_(config.listeners.size()) {
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
@@ -94,7 +103,8 @@ void Worker::join() {
 void Worker::post(uint32_t cmd) {
     commands_.fetch_or(cmd);
     uint64_t one = 1;
-    if (wake_fd_ && ::write(wake_fd_.get(), &one, sizeof one) < 0) LOG_WARN("wake %s: %s", name_.c_str(), strerror(errno));
+    if (wake_fd_ && ::write(wake_fd_.get(), &one, sizeof one) < 0)
+        LOG_WARN("wake %s: %s", name_.c_str(), strerror(errno));
 }
 
 void Worker::run(std::promise<Result<void>>& ready) {
@@ -162,11 +172,19 @@ void Worker::loop() {
 void Worker::dispatch(const io_uring_cqe* cqe) {
     UserData ud = UserData::unpack(cqe->user_data);
     switch (ud.op) {
-        case Op::Ignore: return;
-        case Op::Wake: onWake(); return;
-        case Op::Tick: onTick(); return;
-        case Op::Accept: onAccept(ud.slot, cqe->res, cqe->flags); return;
-        default: break;
+        case Op::Ignore:
+            return;
+        case Op::Wake:
+            onWake();
+            return;
+        case Op::Tick:
+            onTick();
+            return;
+        case Op::Accept:
+            onAccept(ud.slot, cqe->res, cqe->flags);
+            return;
+        default:
+            break;
     }
     Conn& c = conn(ud.slot);
     if (c.generation != ud.generation || c.state == ConnState::Free) {
@@ -178,17 +196,29 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
     --c.inflight;
     int d = ud.dir;
     switch (ud.op) {
-        case Op::Connect: onConnect(c, ud.slot, cqe->res); break;
-        case Op::ConnectTimeout: break;  // the connect's own CQE says -ECANCELED if this fired
-        case Op::PollIn: onPollIn(c, ud.slot, d, cqe->res); break;
+        case Op::Connect:
+            onConnect(c, ud.slot, cqe->res);
+            break;
+        case Op::ConnectTimeout:
+            break;  // the connect's own CQE says -ECANCELED if this fired
+        case Op::PollIn:
+            onPollIn(c, ud.slot, d, cqe->res);
+            break;
         case Op::PollOut:
             c.dir[d].poll_out = false;
             if (c.state == ConnState::Relaying && cqe->res >= 0) pumpSpliceDir(c, ud.slot, d);
             break;
-        case Op::Watch: onWatch(c, ud.slot, d, cqe->res); break;
-        case Op::Recv: onRecv(c, ud.slot, d, cqe->res, cqe->flags); break;
-        case Op::Send: onSend(c, ud.slot, d, cqe->res); break;
-        default: break;
+        case Op::Watch:
+            onWatch(c, ud.slot, d, cqe->res);
+            break;
+        case Op::Recv:
+            onRecv(c, ud.slot, d, cqe->res, cqe->flags);
+            break;
+        case Op::Send:
+            onSend(c, ud.slot, d, cqe->res);
+            break;
+        default:
+            break;
     }
     if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
 }
@@ -301,7 +331,8 @@ void Worker::onWake() {
         draining_ = true;
         drain_deadline_ms_ = now_ms_ + config_.drain_timeout.count();
         closeListeners();
-        LOG_INFO("draining %u connections (deadline %lld ms)", live_, static_cast<long long>(config_.drain_timeout.count()));
+        LOG_INFO("draining %u connections (deadline %lld ms)", live_,
+                 static_cast<long long>(config_.drain_timeout.count()));
     }
     if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
     if (draining_ && now_ms_ >= drain_deadline_ms_) sweep();
@@ -434,11 +465,13 @@ void Worker::retryFdWaiters() {
         UserData ud = UserData::unpack(fd_waiters_.front());
         fd_waiters_.erase(fd_waiters_.begin());
         Conn& c = conn(ud.slot);
-        if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0) continue;
+        if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0)
+            continue;
         int64_t budget = config_.listeners[c.listener].connect_timeout.count();
         if (now_ms_ - c.last_active_ms >= budget) {
             stats_.listeners[c.listener].connect_failures[idx(ConnectFailure::Other)].add();
-            LOG_WARN("%s: no fd for an upstream socket within connect_timeout", config_.listeners[c.listener].name.c_str());
+            LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
+                     config_.listeners[c.listener].name.c_str());
             closeConn(c, ud.slot, CloseReason::ConnectFailed);
             continue;
         }
@@ -458,7 +491,8 @@ void Worker::onConnect(Conn& c, uint32_t slot, int res) {
     }
     c.state = ConnState::Relaying;
     c.last_active_ms = now_ms_;
-    DataPath path = config_.listeners[c.listener].mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
+    DataPath path =
+        config_.listeners[c.listener].mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
     for (int d = 0; d < 2; ++d) {
         c.dir[d].path = path;
         startDirection(c, slot, d);
@@ -467,8 +501,10 @@ void Worker::onConnect(Conn& c, uint32_t slot, int res) {
 }
 
 void Worker::startDirection(Conn& c, uint32_t slot, int d) {
-    if (c.dir[d].path == DataPath::Splice) armPollIn(c, slot, d);
-    else advanceCopy(c, slot, d);
+    if (c.dir[d].path == DataPath::Splice)
+        armPollIn(c, slot, d);
+    else
+        advanceCopy(c, slot, d);
 }
 
 void Worker::addBytes(Conn& c, int d, uint64_t n) {
@@ -502,8 +538,10 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     for (Direction& dir : c.dir) {
         if (!dir.pipe.valid()) continue;
         // Bytes still in a pipe were never delivered; the connection is gone, so are they.
-        if (dir.in_pipe == 0) pipes_->release(dir.pipe);
-        else pipes_->discard(dir.pipe);
+        if (dir.in_pipe == 0)
+            pipes_->release(dir.pipe);
+        else
+            pipes_->discard(dir.pipe);
         dir.in_pipe = 0;
     }
     if (reason == CloseReason::ClientReset || reason == CloseReason::UpstreamReset) {
@@ -511,7 +549,8 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         // peer learns at once that the stream broke instead of seeing a clean FIN.
         linger lg{1, 0};
         int survivor = reason == CloseReason::ClientReset ? 1 : 0;
-        if (c.fd[survivor] >= 0) ::setsockopt(c.fd[survivor], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        if (c.fd[survivor] >= 0)
+            ::setsockopt(c.fd[survivor], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     }
     for (int& fd : c.fd) {
         if (fd < 0) continue;
@@ -602,22 +641,29 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
     if (dir.finished) return;
     uint64_t moved = 0;
-    SpliceStep step = pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
-                                 static_cast<uint32_t>(config_.listeners[c.listener].pipe_size), moved);
+    SpliceStep step =
+        pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
+                   static_cast<uint32_t>(config_.listeners[c.listener].pipe_size), moved);
     if (moved > 0) addBytes(c, d, moved);
     switch (step.kind) {
-        case SpliceStep::WaitRead: armPollIn(c, slot, d); break;
+        case SpliceStep::WaitRead:
+            armPollIn(c, slot, d);
+            break;
         case SpliceStep::WaitWrite:
             armPollOut(c, slot, d);
             armWatch(c, slot, d);
             break;
-        case SpliceStep::Finished: finishDirection(c, slot, d); break;
+        case SpliceStep::Finished:
+            finishDirection(c, slot, d);
+            break;
         case SpliceStep::NeedCopy:
             stats_.pipe_fallbacks[idx(step.fallback)].add();
             dir.path = DataPath::Copy;
             advanceCopy(c, slot, d);
             break;
-        case SpliceStep::Failed: failDirection(c, slot, d, step.on_src, step.error); break;
+        case SpliceStep::Failed:
+            failDirection(c, slot, d, step.on_src, step.error);
+            break;
     }
 }
 
@@ -659,7 +705,8 @@ void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
             dir.eof = true;
         } else if (res == -ENOBUFS) {
             // Every buffer of this worker is queued somewhere: retry once sends give some back.
-            starved_.push_back(UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
+            starved_.push_back(
+                UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
             if (!dir.send_armed && dir.queue.empty()) armWatch(c, slot, d);
             return;
         } else if (res != -EINTR && res != -EAGAIN) {

@@ -25,7 +25,7 @@ struct io_uring_cqe;
 namespace zcrelay {
 
 class Worker {
-public:
+  public:
     // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
     // worker's share of the process's fd budget, in connections (2 fds each).
     Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns);
@@ -41,14 +41,14 @@ public:
     bool finished() const { return finished_.load(); }
     const WorkerStats& stats() const { return stats_; }
 
-private:
+  private:
     static constexpr uint32_t kCmdDrain = 1;
     static constexpr uint32_t kCmdStop = 2;
 
     struct ListenerState {
         UniqueFd fd;
-        uint32_t armed = 0;       // single-shot accepts in flight
-        bool paused = false;      // out of fds: onTick resumes once the spare fd reopens
+        uint32_t armed = 0;   // single-shot accepts in flight
+        bool paused = false;  // out of fds: onTick resumes once the spare fd reopens
         bool closed = false;
         __kernel_timespec connect_timeout{};  // read by the kernel at submit: must outlive it
     };
@@ -124,13 +124,13 @@ private:
     std::unique_ptr<PipePool> pipes_;
     std::vector<std::unique_ptr<Conn[]>> chunks_;
     uint32_t free_head_ = UINT32_MAX;
-    uint32_t slots_used_ = 0;     // high-water mark of slots ever handed out
-    uint32_t live_ = 0;           // slots not Free (Closing ones included)
-    uint32_t accepts_armed_ = 0;  // over all listeners: each may become a connection
+    uint32_t slots_used_ = 0;           // high-water mark of slots ever handed out
+    uint32_t live_ = 0;                 // slots not Free (Closing ones included)
+    uint32_t accepts_armed_ = 0;        // over all listeners: each may become a connection
     std::vector<uint64_t> fd_waiters_;  // accepted clients waiting for an fd for their upstream
-    std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
+    std::vector<uint64_t> starved_;     // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
-    bool buffers_freed_ = false;     // a buffer went back to the ring since the last retry
+    bool buffers_freed_ = false;           // a buffer went back to the ring since the last retry
     uint64_t wake_value_ = 0;
     __kernel_timespec tick_{};
     int64_t now_ms_ = 0;

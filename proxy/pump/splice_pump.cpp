@@ -45,8 +45,8 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
     for (;;) {
         bool progress = false;
         if (!d.eof && d.in_pipe < d.pipe.capacity) {
-            ssize_t n = ::splice(src, nullptr, d.pipe.write_fd, nullptr, d.pipe.capacity - d.in_pipe,
-                                 kSpliceFlags);
+            ssize_t n = ::splice(src, nullptr, d.pipe.write_fd, nullptr,
+                                 d.pipe.capacity - d.in_pipe, kSpliceFlags);
             if (n > 0) {
                 d.in_pipe += static_cast<uint32_t>(n);
                 progress = true;
@@ -55,10 +55,16 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
             } else if (n == 0) {
                 int err = 0;
                 switch (confirmEof(src, err)) {
-                    case ReadResult::Eof: d.eof = true; break;
-                    case ReadResult::NotEof: stuck_nonempty = true; break;
-                    case ReadResult::Error: return SpliceStep{SpliceStep::Failed, true, err, {}};
-                    default: break;
+                    case ReadResult::Eof:
+                        d.eof = true;
+                        break;
+                    case ReadResult::NotEof:
+                        stuck_nonempty = true;
+                        break;
+                    case ReadResult::Error:
+                        return SpliceStep{SpliceStep::Failed, true, err, {}};
+                    default:
+                        break;
                 }
             } else if (errno != EAGAIN && errno != EINTR) {
                 return SpliceStep{SpliceStep::Failed, true, errno, {}};

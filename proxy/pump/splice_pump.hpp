@@ -15,11 +15,11 @@ namespace zcrelay {
 
 struct SpliceStep {
     enum Kind : uint8_t {
-        WaitRead,    // src is empty (the empty pipe stays until releaseIdlePipe)
-        WaitWrite,   // dst is full and the pipe holds bytes
-        Finished,    // src reached EOF, everything was delivered, dst was shut down
-        NeedCopy,    // no pipe could be had: move this direction by copy (reason in fallback)
-        Failed,      // a socket error; on_src says which socket
+        WaitRead,   // src is empty (the empty pipe stays until releaseIdlePipe)
+        WaitWrite,  // dst is full and the pipe holds bytes
+        Finished,   // src reached EOF, everything was delivered, dst was shut down
+        NeedCopy,   // no pipe could be had: move this direction by copy (reason in fallback)
+        Failed,     // a socket error; on_src says which socket
     };
     Kind kind = WaitRead;
     bool on_src = false;

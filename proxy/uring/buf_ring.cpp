@@ -12,13 +12,15 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     b->count_ = count;
     b->size_ = size;
     b->ring_bytes_ = count * sizeof(io_uring_buf);
-    void* r = mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+    void* r =
+        mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
     if (r == MAP_FAILED) return sysError("mmap buffer ring");
     b->br_ = static_cast<io_uring_buf_ring*>(r);
     // The buffers themselves: untouched pages cost nothing, so RSS grows only with what the
     // copy path actually holds in flight.
     b->base_bytes_ = static_cast<size_t>(count) * size;
-    void* d = mmap(nullptr, b->base_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+    void* d =
+        mmap(nullptr, b->base_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
     if (d == MAP_FAILED) return sysError("mmap buffers");
     b->base_ = static_cast<char*>(d);
 

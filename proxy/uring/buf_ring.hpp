@@ -12,7 +12,7 @@
 namespace zcrelay {
 
 class BufRing {
-public:
+  public:
     // liburing 2.3 has no io_uring_setup_buf_ring: map the ring ourselves and register it.
     static Result<std::unique_ptr<BufRing>> create(io_uring* ring, uint16_t group, uint32_t count,
                                                    uint32_t size);
@@ -24,7 +24,7 @@ public:
     // Give buffer `bid` back to the kernel for the next recv.
     void recycle(uint16_t bid);
 
-private:
+  private:
     BufRing() = default;
     io_uring* ring_ = nullptr;
     io_uring_buf_ring* br_ = nullptr;

@@ -10,7 +10,7 @@
 namespace zcrelay {
 
 class Ring {
-public:
+  public:
     static Result<std::unique_ptr<Ring>> create(unsigned entries);
     ~Ring();
     Ring(const Ring&) = delete;
@@ -25,7 +25,7 @@ public:
     io_uring* raw() { return &ring_; }
     unsigned flags() const { return flags_; }
 
-private:
+  private:
     Ring() = default;
     io_uring ring_{};
     unsigned flags_ = 0;

@@ -14,17 +14,17 @@
 namespace zcrelay {
 
 enum class Op : uint8_t {
-    Ignore = 0,   // cancel / close / shutdown SQEs whose CQE carries nothing we act on
-    Accept,       // multishot accept on a listener (slot = listener index)
-    Wake,         // read on the worker's eventfd: another thread posted a command
-    Tick,         // the worker's periodic timeout: idle sweeps, drain deadline, accept resume
-    Connect,      // upstream connect
+    Ignore = 0,      // cancel / close / shutdown SQEs whose CQE carries nothing we act on
+    Accept,          // multishot accept on a listener (slot = listener index)
+    Wake,            // read on the worker's eventfd: another thread posted a command
+    Tick,            // the worker's periodic timeout: idle sweeps, drain deadline, accept resume
+    Connect,         // upstream connect
     ConnectTimeout,  // the link timeout bounding Connect
-    PollIn,       // readability of a direction's source socket
-    PollOut,      // writability of a direction's destination socket
-    Watch,        // POLLRDHUP on a source not being read: notices an RST while dst is full
-    Recv,         // copy path: recv into a provided buffer
-    Send,         // copy path: send from a provided buffer
+    PollIn,          // readability of a direction's source socket
+    PollOut,         // writability of a direction's destination socket
+    Watch,           // POLLRDHUP on a source not being read: notices an RST while dst is full
+    Recv,            // copy path: recv into a provided buffer
+    Send,            // copy path: send from a provided buffer
 };
 
 struct UserData {

@@ -56,7 +56,7 @@ bool hasFileLinePrefix(const std::string& text, const std::string& path) {
 // 10. Drain on SIGTERM.
 
 class DrainTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     const std::string& mode() const { return GetParam(); }
     RelayProcess relay_;
 };
@@ -103,8 +103,7 @@ TEST_P(DrainTest, SigtermRefusesNewConnectionsAndLetsInFlightTransferFinish) {
         },
         Millis{3'000});
     EXPECT_TRUE(refused) << "connections to the listener should be refused after SIGTERM; last "
-                         << "connect errno " << last_err << " (" << std::strerror(last_err)
-                         << ")";
+                         << "connect errno " << last_err << " (" << std::strerror(last_err) << ")";
 
     // The rest of the transfer, paced, while the relay drains.
     while (sent < kTotal) {
@@ -125,8 +124,8 @@ TEST_P(DrainTest, SigtermRefusesNewConnectionsAndLetsInFlightTransferFinish) {
     std::optional<ConnRecord> rec = up.waitForRecord(0, Millis{10'000});
     if (rec) {
         EXPECT_EQ(rec->read_end.status, IoStatus::Eof) << rec->describe();
-        EXPECT_EQ(rec->bytes_received, kTotal) << "in-flight transfer truncated by the drain: "
-                                               << rec->describe();
+        EXPECT_EQ(rec->bytes_received, kTotal)
+            << "in-flight transfer truncated by the drain: " << rec->describe();
         EXPECT_EQ(rec->received_hash, payloadHash(kSeed, kTotal)) << rec->describe();
     } else {
         std::string seen;
@@ -176,7 +175,8 @@ TEST(SignalTest, SigintWithNoConnectionsExitsZeroPromptly) {
     Listening upstream = listenLoopback(AF_INET, 16);
     ASSERT_TRUE(upstream.fd) << upstream.error;
     RelayProcess relay;
-    ASSERT_TRUE(relay.start(singleListenerConfig(loopbackHostPort(AF_INET, upstream.port), "splice")));
+    ASSERT_TRUE(
+        relay.start(singleListenerConfig(loopbackHostPort(AF_INET, upstream.port), "splice")));
     ASSERT_TRUE(relay.sendSignal(SIGINT));
     auto status = relay.waitExit(Millis{3'000});
     ASSERT_TRUE(status) << "zcrelay with no connections still running 3 s after SIGINT\n"
@@ -188,7 +188,8 @@ TEST(SignalTest, SigtermWithNoConnectionsExitsZeroPromptly) {
     Listening upstream = listenLoopback(AF_INET, 16);
     ASSERT_TRUE(upstream.fd) << upstream.error;
     RelayProcess relay;
-    ASSERT_TRUE(relay.start(singleListenerConfig(loopbackHostPort(AF_INET, upstream.port), "copy")));
+    ASSERT_TRUE(
+        relay.start(singleListenerConfig(loopbackHostPort(AF_INET, upstream.port), "copy")));
     ExitStatus status = relay.terminate(Millis{3'000});
     EXPECT_TRUE(status.cleanExit()) << status.describe() << "\n" << relay.diagnostics();
 }
@@ -198,20 +199,20 @@ TEST(SignalTest, SigtermWithNoConnectionsExitsZeroPromptly) {
 
 // A good config, line by line, so tests know where each key sits.
 std::string goodConfigYaml(const std::string& mode_value = "splice") {
-    return "workers: 2\n"                    // 1
-           "drain_timeout: 30s\n"            // 2
-           "metrics:\n"                      // 3
-           "  listen: \"127.0.0.1:0\"\n"     // 4
-           "listeners:\n"                    // 5
-           "  - name: t\n"                   // 6
-           "    listen: \"127.0.0.1:0\"\n"   // 7
+    return "workers: 2\n"                     // 1
+           "drain_timeout: 30s\n"             // 2
+           "metrics:\n"                       // 3
+           "  listen: \"127.0.0.1:0\"\n"      // 4
+           "listeners:\n"                     // 5
+           "  - name: t\n"                    // 6
+           "    listen: \"127.0.0.1:0\"\n"    // 7
            "    upstream: \"127.0.0.1:9\"\n"  // 8
            "    mode: " +
            mode_value +
-           "\n"                              // 9
-           "    pipe_size: 1MiB\n"           // 10
-           "    connect_timeout: 5s\n"       // 11
-           "    idle_timeout: 300s\n";       // 12
+           "\n"                         // 9
+           "    pipe_size: 1MiB\n"      // 10
+           "    connect_timeout: 5s\n"  // 11
+           "    idle_timeout: 300s\n";  // 12
 }
 
 TEST(ConfigErrorTest, BadValueExitsNonZeroWithFileLineAndKeyPath) {
@@ -222,8 +223,7 @@ TEST(ConfigErrorTest, BadValueExitsNonZeroWithFileLineAndKeyPath) {
         << "an invalid mode must make zcrelay exit non-zero\n"
         << r.describe();
     std::string line = lineContaining(r.err, path + ":9:");
-    EXPECT_FALSE(line.empty()) << "stderr should point at " << path
-                               << ":9: (the mode line)\n"
+    EXPECT_FALSE(line.empty()) << "stderr should point at " << path << ":9: (the mode line)\n"
                                << r.describe();
     EXPECT_NE(line.find("listeners[0].mode"), std::string::npos)
         << "the error line should name the key path listeners[0].mode; got: " << line;

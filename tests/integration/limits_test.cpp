@@ -70,8 +70,9 @@ TEST(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
         EXPECT_EQ(results[i].bytes, kBytes) << "client " << i << ": " << results[i].describe();
         EXPECT_LT(results[i].first_mismatch, 0) << "client " << i << ": " << results[i].describe();
     }
-    EXPECT_TRUE(relay.waitForMetric(metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}},
-                                    [](double v) { return v >= 1; }, ">= 1"))
+    EXPECT_TRUE(relay.waitForMetric(
+        metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}},
+        [](double v) { return v >= 1; }, ">= 1"))
         << "with max_pipes 1 and 8 busy directions, some must have fallen back to copy";
     EXPECT_TRUE(relay.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"),
                                     static_cast<double>(kClients * kBytes)));
@@ -119,8 +120,9 @@ TEST(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
         ASSERT_TRUE(clients.back().fd) << "client " << i << ": " << clients.back().error
                                        << " (the kernel's accept queue should take it)";
     }
-    ASSERT_TRUE(relay.waitForMetric(metric::kAcceptPausedTotal, {}, [](double v) { return v >= 1; },
-                                    ">= 1 (the relay ran out of fds)"));
+    ASSERT_TRUE(relay.waitForMetric(
+        metric::kAcceptPausedTotal, {}, [](double v) { return v >= 1; },
+        ">= 1 (the relay ran out of fds)"));
     auto accepted = relay.metric(metric::kConnectionsTotal, metric::listener());
     ASSERT_TRUE(accepted);
     EXPECT_LT(*accepted, kClients) << "96 fds cannot hold 40 relayed connections";
@@ -195,7 +197,8 @@ TEST(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
         << "every client served; none closed for want of an fd";
     EXPECT_EQ(relay.metric(metric::kClosedTotal, metric::reason("error")).value_or(-1), 0);
-    EXPECT_GE(relay.metric(metric::kAcceptPausedTotal).value_or(0), 1) << "accept or socket() hit EMFILE";
+    EXPECT_GE(relay.metric(metric::kAcceptPausedTotal).value_or(0), 1)
+        << "accept or socket() hit EMFILE";
 }
 
 }  // namespace

@@ -77,7 +77,7 @@ bool isListening(uint16_t port) {
 }
 
 class NcTest : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     void SetUp() override {
         auto nc = findExecutable("nc");
         if (!nc) GTEST_SKIP() << "nc is not installed (the method needs netcat-openbsd)";
@@ -108,13 +108,13 @@ protected:
         std::string error;
         ASSERT_TRUE(nc.spawn(o, error)) << error;
         ASSERT_TRUE(waitUntil([&] { return isListening(port); }, Millis{5'000}))
-            << "upstream nc never listened on 127.0.0.1:" << port << "; stderr: "
-            << readFileText(o.stderr_path);
+            << "upstream nc never listened on 127.0.0.1:" << port
+            << "; stderr: " << readFileText(o.stderr_path);
     }
 
     void startRelay(uint16_t upstream_port) {
-        ASSERT_TRUE(relay_.start(singleListenerConfig(loopbackHostPort(AF_INET, upstream_port),
-                                                      GetParam())));
+        ASSERT_TRUE(relay_.start(
+            singleListenerConfig(loopbackHostPort(AF_INET, upstream_port), GetParam())));
     }
 
     // Waits (bounded) for the client nc to exit by itself; kills it and fails otherwise.
@@ -128,8 +128,9 @@ protected:
                    << readFileText(dir_.file("client-nc.err")) << "\n"
                    << relay_.diagnostics();
         }
-        EXPECT_TRUE(status->cleanExit()) << what << ": client nc " << status->describe()
-                                         << "; stderr: " << readFileText(dir_.file("client-nc.err"));
+        EXPECT_TRUE(status->cleanExit())
+            << what << ": client nc " << status->describe()
+            << "; stderr: " << readFileText(dir_.file("client-nc.err"));
     }
 
     std::string nc_;

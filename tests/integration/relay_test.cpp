@@ -34,7 +34,7 @@ bool endedByPeer(const IoResult& r) {
 
 // Base fixture: one relay per test, listener "t" in mode GetParam() (or the given mode).
 class RelayFixture {
-protected:
+  protected:
     // ASSERTs inside: call through ASSERT_NO_FATAL_FAILURE.
     void startRelay(const ScriptedUpstream& up, const std::string& mode,
                     const std::function<void(RelayConfig&)>& tweak = {}) {
@@ -62,7 +62,8 @@ protected:
             << "bytes relayed upstream -> client must equal what the upstream sent";
         EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), connections))
             << "every connection finished normally on both sides: reason=done";
-        EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsTotal, metric::listener(), connections))
+        EXPECT_TRUE(
+            relay_.waitForMetric(metric::kConnectionsTotal, metric::listener(), connections))
             << "accepted downstream connections";
         EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0))
             << "no connection may stay active after both sides closed";
@@ -72,7 +73,7 @@ protected:
 };
 
 class RelayModeTest : public RelayFixture, public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     const std::string& mode() const { return GetParam(); }
 };
 
@@ -214,8 +215,8 @@ TEST_P(HalfCloseTest, UpstreamRepliesAfterClientFinAndClientGetsAllThenEof) {
     ASSERT_TRUE(sent.ok()) << sent.describe();
     ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
     ReceiveCheck got = receivePayloadUntilEof(client.fd.get(), kSeedB, Millis{30'000});
-    EXPECT_EQ(got.bytes, kMiB)
-        << "the reply sent after the client's FIN must arrive in full: " << got.describe();
+    EXPECT_EQ(got.bytes, kMiB) << "the reply sent after the client's FIN must arrive in full: "
+                               << got.describe();
     EXPECT_LT(got.first_mismatch, 0) << got.describe();
     EXPECT_EQ(got.io.status, IoStatus::Eof) << "then a clean EOF: " << got.describe();
 
@@ -263,7 +264,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, HalfCloseTest, ::testing::ValuesIn(kModes), mode
 // Adds `iptables -I INPUT -p tcp -i lo --dport PORT --tcp-flags SYN,ACK,FIN,RST SYN -j DROP` and
 // always deletes it again. Loopback only, one port.
 class SynDropRule {
-public:
+  public:
     SynDropRule(std::string iptables, uint16_t port) : iptables_(std::move(iptables)), port_(port) {
         CommandResult r = runCommand(args("-I"), Millis{15'000});
         added_ = r.status.cleanExit();
@@ -281,12 +282,24 @@ public:
     bool added() const { return added_; }
     const std::string& error() const { return error_; }
 
-private:
+  private:
     std::vector<std::string> args(const std::string& op) const {
-        return {iptables_, "-w",           "5",         op,        "INPUT",
-                "-p",      "tcp",          "-i",        "lo",      "--dport",
-                std::to_string(port_),     "--tcp-flags", "SYN,ACK,FIN,RST", "SYN",
-                "-j",      "DROP"};
+        return {iptables_,
+                "-w",
+                "5",
+                op,
+                "INPUT",
+                "-p",
+                "tcp",
+                "-i",
+                "lo",
+                "--dport",
+                std::to_string(port_),
+                "--tcp-flags",
+                "SYN,ACK,FIN,RST",
+                "SYN",
+                "-j",
+                "DROP"};
     }
     std::string iptables_;
     uint16_t port_;
@@ -328,9 +341,9 @@ TEST_P(ConnectFailureTest, UpstreamThatDropsSynTimesOutClosesClientAndCountsTime
     SynDropRule rule(*iptables, blackhole.port);
     if (!rule.added()) GTEST_SKIP() << "could not add the iptables SYN-drop rule: " << rule.error();
 
-    ASSERT_NO_FATAL_FAILURE(startRelayTo(
-        loopbackHostPort(AF_INET, blackhole.port), mode(),
-        [](RelayConfig& c) { c.listeners[0].connect_timeout = "300ms"; }));
+    ASSERT_NO_FATAL_FAILURE(
+        startRelayTo(loopbackHostPort(AF_INET, blackhole.port), mode(),
+                     [](RelayConfig& c) { c.listeners[0].connect_timeout = "300ms"; }));
 
     auto t0 = Clock::now();
     Connected client = connectClient();
@@ -396,8 +409,8 @@ TEST_P(ResetTest, UpstreamResetMidStreamClosesClientPromptlyAndCountsUpstreamRes
     auto client_end = Clock::now();
     EXPECT_TRUE(endedByPeer(got.io))
         << "client should see RST or EOF after the upstream's RST; " << got.describe();
-    EXPECT_LT(got.first_mismatch, 0) << "what did arrive must be an intact prefix; "
-                                     << got.describe();
+    EXPECT_LT(got.first_mismatch, 0)
+        << "what did arrive must be an intact prefix; " << got.describe();
     EXPECT_LE(got.bytes, kMiB) << got.describe();
 
     ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
@@ -539,8 +552,7 @@ TEST_P(ManyConnectionsTest, TwoHundredConcurrentEchoesAreByteExact) {
         if (!ok && bad++ < 5) {
             first_bad += "\n  conn " + std::to_string(i) + ": sent " + std::to_string(c.sent) +
                          ", echoed " + std::to_string(c.verifier->bytes()) + ", mismatch at " +
-                         std::to_string(c.verifier->firstMismatch()) + ", end " +
-                         c.end.describe();
+                         std::to_string(c.verifier->firstMismatch()) + ", end " + c.end.describe();
         }
     }
     EXPECT_EQ(bad, 0u) << "connections whose echo was not byte-exact then EOF:" << first_bad;
@@ -554,8 +566,7 @@ TEST_P(ManyConnectionsTest, ThousandIdleConnectionsUseFewThreadsAndNoPipes) {
     constexpr size_t kConns = 1000;
     constexpr int kWorkers = 2;
     ScriptedUpstream up(AF_INET, nullptr);  // accept and hold, no thread per connection
-    ASSERT_NO_FATAL_FAILURE(
-        startRelay(up, mode(), [](RelayConfig& c) { c.workers = kWorkers; }));
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode(), [](RelayConfig& c) { c.workers = kWorkers; }));
 
     std::vector<Fd> clients;
     clients.reserve(kConns);
@@ -578,8 +589,8 @@ TEST_P(ManyConnectionsTest, ThousandIdleConnectionsUseFewThreadsAndNoPipes) {
 
     clients.clear();
     up.stop();  // the upstream ends too, so every connection finishes
-    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0,
-                                     Millis{30'000}));
+    EXPECT_TRUE(
+        relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0, Millis{30'000}));
 }
 
 TEST_P(ManyConnectionsTest, ThousandShortConnectionsLeakNoFileDescriptors) {
@@ -607,8 +618,8 @@ TEST_P(ManyConnectionsTest, ThousandShortConnectionsLeakNoFileDescriptors) {
     }
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsTotal, metric::listener(),
                                      static_cast<double>(kConns)));
-    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0,
-                                     Millis{20'000}));
+    EXPECT_TRUE(
+        relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0, Millis{20'000}));
     EXPECT_TRUE(relay_.waitForMetric(metric::kPipesInUse, {}, 0))
         << "every pipe must be back in the pool once no connection is active";
 
@@ -635,8 +646,8 @@ TEST_P(ManyConnectionsTest, ThousandShortConnectionsLeakNoFileDescriptors) {
         EXPECT_TRUE(settled) << "open fds: baseline " << *baseline << ", now " << last
                              << ", expected " << expected << " (baseline + 2 x pipes cached)";
     } else {
-        EXPECT_TRUE(settled) << "open fds: baseline " << *baseline << ", now " << last
-                             << " after " << kConns << " connections (allowed up to baseline + "
+        EXPECT_TRUE(settled) << "open fds: baseline " << *baseline << ", now " << last << " after "
+                             << kConns << " connections (allowed up to baseline + "
                              << kPoolAllowanceFds << " for a pipe cache)";
     }
 }
@@ -647,7 +658,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, ManyConnectionsTest, ::testing::ValuesIn(kModes)
 // 11. Idle timeout.
 
 class IdleTimeoutTest : public RelayModeTest {
-protected:
+  protected:
     static void shortIdle(RelayConfig& c) { c.listeners[0].idle_timeout = "300ms"; }
 };
 
@@ -720,7 +731,8 @@ TEST_P(MetricsTest, EveryLabelCombinationIsExportedAtZeroFromStart) {
     expectZero(metric::kBytesTotal, metric::bytes("downstream"));
     for (const char* r : metric::kConnectFailureReasons)
         expectZero(metric::kConnectFailuresTotal, metric::reason(r));
-    for (const char* r : metric::kClosedReasons) expectZero(metric::kClosedTotal, metric::reason(r));
+    for (const char* r : metric::kClosedReasons)
+        expectZero(metric::kClosedTotal, metric::reason(r));
     for (const char* r : metric::kPipeFallbackReasons)
         expectZero(metric::kPipeFallbacksTotal, {{"reason", r}});
     expectZero(metric::kPipesInUse, {});

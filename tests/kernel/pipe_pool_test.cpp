@@ -1,6 +1,9 @@
 // PipePool and pumpSplice on real pipes and real loopback TCP sockets: the kernel behaviours
 // other relays got wrong (peers-and-pitfalls.md 3.2), each reproduced and checked.
+#include "pipe_pool.hpp"
+
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -9,13 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <gtest/gtest.h>
-
 #include <chrono>
 #include <thread>
 #include <vector>
 
-#include "pipe_pool.hpp"
 #include "pump/splice_pump.hpp"
 
 namespace zcrelay {
@@ -62,7 +62,8 @@ SpliceStep::Kind driveUntilDone(Direction& d, int src, int dst, PipePool& pool, 
         uint64_t moved = 0;
         SpliceStep step = pumpSplice(d, src, dst, pool, 1 << 20, moved);
         total += moved;
-        if (step.kind != SpliceStep::WaitRead && step.kind != SpliceStep::WaitWrite) return step.kind;
+        if (step.kind != SpliceStep::WaitRead && step.kind != SpliceStep::WaitWrite)
+            return step.kind;
         if (std::chrono::steady_clock::now() > deadline) return step.kind;
         pollfd pfd{step.kind == SpliceStep::WaitRead ? src : dst,
                    static_cast<short>(step.kind == SpliceStep::WaitRead ? POLLIN : POLLOUT), 0};
@@ -176,7 +177,8 @@ TEST(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit) {
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "child exit code: 12 = got a pipe, 13 = wrong reason, 1x = setup";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "child exit code: 12 = got a pipe, 13 = wrong reason, 1x = setup";
 }
 
 // A 64 KiB pipe has 16 slots and every skb takes one however small: with tiny segments it is
@@ -207,7 +209,8 @@ TEST(SplicePump, PipeFullOfSmallSegmentsIsNotEndOfData) {
     });
     Direction d;
     uint64_t total = 0;
-    auto kind = driveUntilDone(d, in.server, out.server, pool, total, std::chrono::steady_clock::now() + 20s);
+    auto kind = driveUntilDone(d, in.server, out.server, pool, total,
+                               std::chrono::steady_clock::now() + 20s);
     writer.join();
     reader.join();
     EXPECT_EQ(kind, SpliceStep::Finished);
@@ -259,7 +262,8 @@ TEST(SplicePump, SlowReaderParksBytesInThePipeThenResumes) {
             got += static_cast<size_t>(n);
         }
     });
-    kind = driveUntilDone(d, in.server, out.server, pool, total, std::chrono::steady_clock::now() + 20s);
+    kind = driveUntilDone(d, in.server, out.server, pool, total,
+                          std::chrono::steady_clock::now() + 20s);
     writer.join();
     reader.join();
     EXPECT_EQ(kind, SpliceStep::Finished);

@@ -129,9 +129,15 @@ IoResult fromWait(Wait w, uint64_t bytes, int err) {
     r.bytes = bytes;
     r.err = err;
     switch (w) {
-        case Wait::Timeout: r.status = IoStatus::Timeout; break;
-        case Wait::Cancelled: r.status = IoStatus::Cancelled; break;
-        default: r.status = IoStatus::Error; break;
+        case Wait::Timeout:
+            r.status = IoStatus::Timeout;
+            break;
+        case Wait::Cancelled:
+            r.status = IoStatus::Cancelled;
+            break;
+        default:
+            r.status = IoStatus::Error;
+            break;
     }
     return r;
 }
@@ -141,7 +147,7 @@ IoResult fromErrno(int err, uint64_t bytes) {
     r.bytes = bytes;
     r.err = err;
     r.status = (err == ECONNRESET || err == EPIPE || err == ECONNABORTED) ? IoStatus::Reset
-                                                                         : IoStatus::Error;
+                                                                          : IoStatus::Error;
     return r;
 }
 
@@ -212,10 +218,10 @@ Connected connectTo(const std::string& host, uint16_t port, Millis timeout) {
         Wait w = waitFor(fd.get(), POLLOUT, Clock::now() + timeout, nullptr, perr);
         if (w != Wait::Ready) {
             out.err = w == Wait::Timeout ? ETIMEDOUT : perr;
-            out.error = "connect " + where + ": " +
-                        (w == Wait::Timeout ? "no answer within " +
-                                                  std::to_string(timeout.count()) + " ms"
-                                            : errnoText(perr));
+            out.error =
+                "connect " + where + ": " +
+                (w == Wait::Timeout ? "no answer within " + std::to_string(timeout.count()) + " ms"
+                                    : errnoText(perr));
             return out;
         }
         int soerr = 0;
@@ -239,12 +245,18 @@ Connected connectTo(const std::string& host, uint16_t port, Millis timeout) {
 
 const char* ioStatusName(IoStatus s) {
     switch (s) {
-        case IoStatus::Ok: return "Ok";
-        case IoStatus::Eof: return "Eof";
-        case IoStatus::Reset: return "Reset";
-        case IoStatus::Timeout: return "Timeout";
-        case IoStatus::Cancelled: return "Cancelled";
-        case IoStatus::Error: return "Error";
+        case IoStatus::Ok:
+            return "Ok";
+        case IoStatus::Eof:
+            return "Eof";
+        case IoStatus::Reset:
+            return "Reset";
+        case IoStatus::Timeout:
+            return "Timeout";
+        case IoStatus::Cancelled:
+            return "Cancelled";
+        case IoStatus::Error:
+            return "Error";
     }
     return "?";
 }
@@ -434,8 +446,8 @@ std::string ReceiveCheck::describe() const {
 ReceiveCheck receivePayloadUntilEof(int fd, uint64_t seed, Millis timeout, CancelFlag cancel) {
     PayloadVerifier v(seed);
     ReceiveCheck out;
-    out.io = readStreamUntilEof(fd, [&](std::span<const uint8_t> d) { v.update(d); }, timeout,
-                                cancel);
+    out.io = readStreamUntilEof(
+        fd, [&](std::span<const uint8_t> d) { v.update(d); }, timeout, cancel);
     out.bytes = v.bytes();
     out.first_mismatch = v.firstMismatch();
     return out;
@@ -493,7 +505,8 @@ ConnScript echoScript() {
 }
 
 // Reads until EOF (or stop), hashing what arrives into `rec` and counting it live on `up`.
-static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up) {
+static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                           ScriptedUpstream& up) {
     StreamHash h;
     rec.read_end = readStreamUntilEof(
         fd.get(),
@@ -512,7 +525,8 @@ ConnScript sinkScript(uint64_t reply_seed, uint64_t reply_bytes) {
         readIntoRecord(fd, rec, stop, up);
         if (rec.read_end.status != IoStatus::Eof) return;
         if (reply_bytes > 0) {
-            rec.write_end = sendPayload(fd.get(), reply_seed, reply_bytes, kDefaultIoTimeout, &stop);
+            rec.write_end =
+                sendPayload(fd.get(), reply_seed, reply_bytes, kDefaultIoTimeout, &stop);
             rec.bytes_sent = rec.write_end.bytes;
         }
         ::shutdown(fd.get(), SHUT_WR);
@@ -547,7 +561,8 @@ ConnScript resetScript(uint64_t seed, uint64_t bytes_before_reset, bool wait_for
             }
         }
         if (bytes_before_reset > 0) {
-            rec.write_end = sendPayload(fd.get(), seed, bytes_before_reset, kDefaultIoTimeout, &stop);
+            rec.write_end =
+                sendPayload(fd.get(), seed, bytes_before_reset, kDefaultIoTimeout, &stop);
             rec.bytes_sent = rec.write_end.bytes;
         }
         closeWithReset(fd);

@@ -33,7 +33,7 @@ inline constexpr Millis kDefaultIoTimeout{60'000};
 // ---------------------------------------------------------------------------------------------
 // Fd: the one owner of a file descriptor.
 class Fd {
-public:
+  public:
     Fd() = default;
     explicit Fd(int fd) : fd_(fd) {}
     Fd(const Fd&) = delete;
@@ -55,7 +55,7 @@ public:
     }
     void reset(int fd = -1);
 
-private:
+  private:
     int fd_ = -1;
 };
 
@@ -109,7 +109,7 @@ enum class IoStatus {
     Reset,    // ECONNRESET / EPIPE
     Timeout,  // deadline passed
     Cancelled,
-    Error,    // anything else; see err
+    Error,  // anything else; see err
 };
 const char* ioStatusName(IoStatus s);
 
@@ -151,12 +151,12 @@ void fillPayload(uint64_t seed, uint64_t offset, std::span<uint8_t> out);
 
 // FNV-1a 64 over a stream.
 class StreamHash {
-public:
+  public:
     void update(std::span<const uint8_t> data);
     uint64_t value() const { return hash_; }
     uint64_t bytes() const { return bytes_; }
 
-private:
+  private:
     uint64_t hash_ = 0xcbf29ce484222325ULL;
     uint64_t bytes_ = 0;
 };
@@ -164,14 +164,14 @@ uint64_t payloadHash(uint64_t seed, uint64_t length);
 
 // Checks a received stream against payload `seed` as it arrives.
 class PayloadVerifier {
-public:
+  public:
     explicit PayloadVerifier(uint64_t seed) : seed_(seed) {}
     void update(std::span<const uint8_t> data);
     uint64_t bytes() const { return bytes_; }
     bool intact() const { return first_mismatch_ < 0; }
     int64_t firstMismatch() const { return first_mismatch_; }  // -1 when none
 
-private:
+  private:
     uint64_t seed_;
     uint64_t bytes_ = 0;
     int64_t first_mismatch_ = -1;
@@ -242,7 +242,7 @@ ConnScript resetScript(uint64_t seed = 0, uint64_t bytes_before_reset = 0,
                        bool wait_for_data = false);
 
 class ScriptedUpstream {
-public:
+  public:
     // script == nullptr: "accept and hold": the accept thread itself keeps every connection open,
     // never reads it, and closes them all in stop(). Use this for "never reads" and for holding
     // many idle connections without a thread each.
@@ -273,7 +273,7 @@ public:
     // Bounded: scripts observe `stop` within ~100 ms. Idempotent.
     void stop();
 
-private:
+  private:
     void acceptLoop();
     void reapFinished(bool all);
 

@@ -25,8 +25,8 @@ namespace zcrelay::test {
 
 TempDir::TempDir() {
     const char* base = std::getenv("TMPDIR");
-    std::string templ = std::string(base != nullptr && *base != '\0' ? base : "/tmp") +
-                        "/zcrelay-test-XXXXXX";
+    std::string templ =
+        std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/zcrelay-test-XXXXXX";
     std::vector<char> buf(templ.begin(), templ.end());
     buf.push_back('\0');
     if (::mkdtemp(buf.data()) != nullptr) path_ = buf.data();
@@ -102,8 +102,8 @@ bool ChildProcess::spawn(const Options& options, std::string& error) {
     }
     Fd out;
     if (options.stdout_fd < 0 && !options.stdout_path.empty()) {
-        out.reset(::open(options.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                         0644));
+        out.reset(
+            ::open(options.stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
         if (!out) {
             error = "open " + options.stdout_path + ": " + std::strerror(errno);
             return false;
@@ -112,8 +112,8 @@ bool ChildProcess::spawn(const Options& options, std::string& error) {
     int out_fd = options.stdout_fd >= 0 ? options.stdout_fd : out.get();
     Fd err;
     if (!options.stderr_path.empty()) {
-        err.reset(::open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
-                         0644));
+        err.reset(
+            ::open(options.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
         if (!err) {
             error = "open " + options.stderr_path + ": " + std::strerror(errno);
             return false;
@@ -288,8 +288,7 @@ std::string RelayConfig::yaml() const {
         os << "    pipe_size: " << l.pipe_size << "\n";
         os << "    connect_timeout: " << l.connect_timeout << "\n";
         os << "    idle_timeout: " << l.idle_timeout << "\n";
-        if (!l.extra_yaml.empty())
-            os << l.extra_yaml << (l.extra_yaml.back() == '\n' ? "" : "\n");
+        if (!l.extra_yaml.empty()) os << l.extra_yaml << (l.extra_yaml.back() == '\n' ? "" : "\n");
     }
     return os.str();
 }
@@ -447,7 +446,8 @@ RelayProcess::~RelayProcess() {
     if (!stderr_path_.empty()) {
         std::string log = fileTail(stderr_path_, 1 << 20);
         EXPECT_EQ(log.find("bookkeeping bug"), std::string::npos)
-            << "zcrelay logged a stale completion:\n" << log;
+            << "zcrelay logged a stale completion:\n"
+            << log;
     }
 }
 
@@ -566,8 +566,9 @@ bool RelayProcess::parseReadyOutput(std::string& error) {
         }
     }
     if (listeners_.empty()) {
-        error = "no \"zcrelay: listener NAME listening on ADDR -> UPSTREAM (mode M)\" line before "
-                "ready";
+        error =
+            "no \"zcrelay: listener NAME listening on ADDR -> UPSTREAM (mode M)\" line before "
+            "ready";
         return false;
     }
     return true;
@@ -613,7 +614,8 @@ std::optional<std::string> RelayProcess::scrape(std::string* error) const {
     std::string headers = resp.substr(0, hdr_end);
     std::string body = resp.substr(hdr_end + 4);
     std::string lower;
-    for (char ch : headers) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    for (char ch : headers)
+        lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (lower.find("transfer-encoding: chunked") != std::string::npos) body = decodeChunked(body);
     return body;
 }
@@ -624,9 +626,11 @@ std::optional<double> RelayProcess::metric(const std::string& name, const Labels
     return findSample(*body, name, labels);
 }
 
-::testing::AssertionResult RelayProcess::waitForMetric(
-    const std::string& name, const Labels& labels, const std::function<bool(double)>& predicate,
-    const std::string& expectation, Millis timeout) const {
+::testing::AssertionResult RelayProcess::waitForMetric(const std::string& name,
+                                                       const Labels& labels,
+                                                       const std::function<bool(double)>& predicate,
+                                                       const std::string& expectation,
+                                                       Millis timeout) const {
     auto deadline = Clock::now() + timeout;
     std::optional<double> last;
     std::string last_body;
@@ -645,8 +649,8 @@ std::optional<double> RelayProcess::metric(const std::string& name, const Labels
         std::this_thread::sleep_for(Millis{20});
     }
     auto f = ::testing::AssertionFailure();
-    f << formatSeries(name, labels) << ": expected " << expectation << " within "
-      << timeout.count() << " ms; ";
+    f << formatSeries(name, labels) << ": expected " << expectation << " within " << timeout.count()
+      << " ms; ";
     if (last)
         f << "last value " << *last;
     else
@@ -724,7 +728,8 @@ std::string RelayProcess::diagnostics() const {
     if (auto s = child_.status()) os << ", " << s->describe();
     os << "\n";
     if (!config_path_.empty()) os << "--- config ---\n" << readFileText(config_path_, 16384);
-    os << "--- stdout ---\n" << stdoutText() << "\n--- stderr (tail) ---\n"
+    os << "--- stdout ---\n"
+       << stdoutText() << "\n--- stderr (tail) ---\n"
        << fileTail(stderr_path_, 8192) << "\n---";
     return os.str();
 }

@@ -38,7 +38,7 @@ inline constexpr Millis kMetricTimeout{10'000};
 // mkdtemp under $TMPDIR (or /tmp); removed recursively by the destructor unless
 // ZCRELAY_KEEP_TEST_DIRS is set in the environment.
 class TempDir {
-public:
+  public:
     TempDir();
     ~TempDir();
     TempDir(const TempDir&) = delete;
@@ -48,7 +48,7 @@ public:
     // Writes `content` to path()/name and returns the full path.
     std::string writeFile(const std::string& name, const std::string& content) const;
 
-private:
+  private:
     std::string path_;
 };
 
@@ -67,7 +67,7 @@ struct ExitStatus {
 
 // One forked child. Never signals anything but its own pid.
 class ChildProcess {
-public:
+  public:
     struct Options {
         std::vector<std::string> argv;  // argv[0] is the path to exec (no PATH search)
         std::string stdin_path = "/dev/null";
@@ -95,7 +95,7 @@ public:
     ExitStatus killAndWait();
     const std::optional<ExitStatus>& status() const { return status_; }
 
-private:
+  private:
     bool reap(bool block);
 
     pid_t pid_ = -1;
@@ -170,13 +170,13 @@ inline constexpr const char* kConnectFailuresTotal = "zcrelay_upstream_connect_f
 inline constexpr const char* kClosedTotal = "zcrelay_connections_closed_total";
 inline constexpr const char* kPipeFallbacksTotal = "zcrelay_pipe_fallbacks_total";
 inline constexpr const char* kPipesInUse = "zcrelay_pipes_in_use";
-inline constexpr const char* kPipesCached = "zcrelay_pipes_cached";  // optional, not in the contract
+inline constexpr const char* kPipesCached =
+    "zcrelay_pipes_cached";  // optional, not in the contract
 inline constexpr const char* kProcessThreads = "zcrelay_process_threads";
 inline constexpr const char* kAcceptPausedTotal = "zcrelay_accept_paused_total";
 
-inline constexpr const char* kClosedReasons[] = {"done",        "client_reset", "upstream_reset",
-                                                 "connect_failed", "idle_timeout", "drain",
-                                                 "error"};
+inline constexpr const char* kClosedReasons[] = {
+    "done", "client_reset", "upstream_reset", "connect_failed", "idle_timeout", "drain", "error"};
 inline constexpr const char* kConnectFailureReasons[] = {"refused", "timeout", "unreachable",
                                                          "addr_not_avail", "other"};
 inline constexpr const char* kPipeFallbackReasons[] = {"pool_exhausted", "pipe_limit", "emfile"};
@@ -202,7 +202,7 @@ struct ListenerInfo {
 };
 
 class RelayProcess {
-public:
+  public:
     RelayProcess() = default;
     ~RelayProcess();
     RelayProcess(const RelayProcess&) = delete;
@@ -255,7 +255,7 @@ public:
     // Config path, exit status if any, stdout so far and the tail of stderr.
     std::string diagnostics() const;
 
-private:
+  private:
     ::testing::AssertionResult launch(const std::vector<std::string>& args);
     void drainStdout();
     bool parseReadyOutput(std::string& error);
