@@ -671,7 +671,7 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
 
 void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
-    CopyNext next = copyNext(dir, false);
+    CopyNext next = copyNext(dir);
     if (next.arm_send) {
         prepCopySend(sqeFor(c, slot, Op::Send, d), c.fd[1 - d], *bufs_, dir.queue.front());
         dir.send_armed = true;

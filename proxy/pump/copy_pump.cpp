@@ -18,12 +18,12 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
                        MSG_NOSIGNAL);
 }
 
-CopyNext copyNext(const Direction& d, bool starved) {
+CopyNext copyNext(const Direction& d) {
     CopyNext next;
     // One send in flight per direction: two sends on one socket may complete out of order
     // when one of them has to wait for space (liburing proxy.c serializes sends for this).
     next.arm_send = !d.send_armed && !d.queue.empty();
-    next.arm_recv = !d.recv_armed && !d.eof && !d.queue.full() && !starved;
+    next.arm_recv = !d.recv_armed && !d.eof && !d.queue.full();
     next.finish = d.eof && d.queue.empty() && !d.send_armed && !d.finished;
     return next;
 }

@@ -25,6 +25,6 @@ struct CopyNext {
     bool arm_recv = false;
     bool finish = false;  // EOF read and every byte sent: shut dst down for writing
 };
-CopyNext copyNext(const Direction& d, bool starved);
+CopyNext copyNext(const Direction& d);
 
 }  // namespace zcrelay
