@@ -48,7 +48,7 @@ class Worker {
     struct ListenerState {
         UniqueFd fd;
         uint32_t armed = 0;   // single-shot accepts in flight
-        bool paused = false;  // out of fds: onTick resumes once the spare fd reopens
+        bool paused = false;  // at the fd budget or on EMFILE; resumeAccepting() re-arms
         bool closed = false;
         __kernel_timespec connect_timeout{};  // read by the kernel at submit: must outlive it
     };
