@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -36,18 +37,33 @@ double cpuSeconds(pid_t pid) {
     return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Every test here relays to an echo upstream through a splice listener; the limits differ.
+class LimitsFixture : public ::testing::Test {
+protected:
+    // ASSERTs inside: call through ASSERT_NO_FATAL_FAILURE.
+    void startRelay(int workers, const std::string& extra_yaml = "",
+                    std::optional<rlim_t> nofile = std::nullopt) {
+        ASSERT_TRUE(up_.ok()) << up_.error();
+        RelayConfig config = singleListenerConfig(up_.hostPort(), "splice");
+        config.workers = workers;
+        config.extra_yaml = extra_yaml;
+        if (nofile) relay_.setNofileLimit(*nofile);
+        ASSERT_TRUE(relay_.start(config));
+    }
+
+    ScriptedUpstream up_{AF_INET, echoScript()};
+    RelayProcess relay_;
+};
+
+class PipeLimits : public LimitsFixture {};
+class FdLimits : public LimitsFixture {};
+
 // Four clients echo 8 MiB each at once through a splice listener whose process may hold one
 // pipe: most directions cannot get one and must move their bytes by copy, every byte intact.
-TEST(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
+TEST_F(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
     constexpr int kClients = 4;
     constexpr uint64_t kBytes = 8 * kMiB;
-    ScriptedUpstream up(AF_INET, echoScript());
-    ASSERT_TRUE(up.ok()) << up.error();
-    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
-    config.workers = 1;
-    config.extra_yaml = "max_pipes: 1\n";
-    RelayProcess relay;
-    ASSERT_TRUE(relay.start(config));
+    ASSERT_NO_FATAL_FAILURE(startRelay(1, "max_pipes: 1\n"));
 
     std::vector<std::thread> clients;
     std::vector<ReceiveCheck> results(kClients);
@@ -55,7 +71,7 @@ TEST(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
     std::vector<std::string> connect_errors(kClients);
     for (int i = 0; i < kClients; ++i) {
         clients.emplace_back([&, i] {
-            Connected c = connectTo(relay.host(), relay.port());
+            Connected c = connectTo(relay_.host(), relay_.port());
             if (!c.fd) {
                 connect_errors[i] = c.error;
                 return;
@@ -70,67 +86,57 @@ TEST(PipeLimits, ExhaustedPipePoolFallsBackToCopyByteExact) {
         EXPECT_EQ(results[i].bytes, kBytes) << "client " << i << ": " << results[i].describe();
         EXPECT_LT(results[i].first_mismatch, 0) << "client " << i << ": " << results[i].describe();
     }
-    EXPECT_TRUE(relay.waitForMetric(
+    EXPECT_TRUE(relay_.waitForMetric(
         metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}},
         [](double v) { return v >= 1; }, ">= 1"))
         << "with max_pipes 1 and 8 busy directions, some must have fallen back to copy";
-    EXPECT_TRUE(relay.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"),
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"),
                                     static_cast<double>(kClients * kBytes)));
-    EXPECT_TRUE(relay.waitForMetric(metric::kBytesTotal, metric::bytes("downstream"),
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("downstream"),
                                     static_cast<double>(kClients * kBytes)));
-    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients));
-    EXPECT_TRUE(relay.waitForMetric(metric::kPipesInUse, {}, 0));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kPipesInUse, {}, 0));
 }
 
 // max_pipes: 0 is "never splice": a splice listener then runs entirely on the copy path.
-TEST(PipeLimits, MaxPipesZeroRelaysEverythingByCopy) {
-    ScriptedUpstream up(AF_INET, echoScript());
-    ASSERT_TRUE(up.ok()) << up.error();
-    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
-    config.extra_yaml = "max_pipes: 0\n";
-    RelayProcess relay;
-    ASSERT_TRUE(relay.start(config));
-    Connected c = connectTo(relay.host(), relay.port());
+TEST_F(PipeLimits, MaxPipesZeroRelaysEverythingByCopy) {
+    ASSERT_NO_FATAL_FAILURE(startRelay(2, "max_pipes: 0\n"));
+    Connected c = connectTo(relay_.host(), relay_.port());
     ASSERT_TRUE(c.fd) << c.error;
     ReceiveCheck got = echoRoundTrip(c.fd.get(), 7, 4 * kMiB);
     EXPECT_EQ(got.bytes, 4 * kMiB) << got.describe();
     EXPECT_LT(got.first_mismatch, 0) << got.describe();
-    EXPECT_TRUE(relay.waitForMetric(metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}}, 2))
+    EXPECT_TRUE(relay_.waitForMetric(metric::kPipeFallbacksTotal, {{"reason", "pool_exhausted"}}, 2))
         << "both directions of the one connection fell back";
-    auto cached = relay.metric(metric::kPipesCached);
+    auto cached = relay_.metric(metric::kPipesCached);
     EXPECT_EQ(cached.value_or(-1), 0) << "no pipe was ever made";
 }
 
 // With the fd limit lowered, the relay's fd budget admits only a few connections. It must
 // pause accepting (connections wait in the kernel's queue) instead of running into EMFILE,
 // keep serving what it has without burning CPU, and accept the rest as connections close.
-TEST(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
+TEST_F(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
     constexpr int kClients = 40;
-    ScriptedUpstream up(AF_INET, echoScript());
-    ASSERT_TRUE(up.ok()) << up.error();
-    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
-    config.workers = 1;
-    RelayProcess relay;
-    relay.setNofileLimit(96);  // (96 - 64 reserved) / 2 = 16 connections admitted at once
-    ASSERT_TRUE(relay.start(config));
+    // (96 - 64 reserved) / 2 = 16 connections admitted at once
+    ASSERT_NO_FATAL_FAILURE(startRelay(1, "", 96));
 
     std::vector<Connected> clients;
     for (int i = 0; i < kClients; ++i) {
-        clients.push_back(connectTo(relay.host(), relay.port()));
+        clients.push_back(connectTo(relay_.host(), relay_.port()));
         ASSERT_TRUE(clients.back().fd) << "client " << i << ": " << clients.back().error
                                        << " (the kernel's accept queue should take it)";
     }
-    ASSERT_TRUE(relay.waitForMetric(
+    ASSERT_TRUE(relay_.waitForMetric(
         metric::kAcceptPausedTotal, {}, [](double v) { return v >= 1; },
         ">= 1 (the relay ran out of fds)"));
-    auto accepted = relay.metric(metric::kConnectionsTotal, metric::listener());
+    auto accepted = relay_.metric(metric::kConnectionsTotal, metric::listener());
     ASSERT_TRUE(accepted);
     EXPECT_LT(*accepted, kClients) << "96 fds cannot hold 40 relayed connections";
 
     // Paused, not spinning: a retry loop on EMFILE would burn a whole CPU.
-    double cpu0 = cpuSeconds(relay.pid());
+    double cpu0 = cpuSeconds(relay_.pid());
     std::this_thread::sleep_for(Millis{1'000});
-    double cpu = cpuSeconds(relay.pid()) - cpu0;
+    double cpu = cpuSeconds(relay_.pid()) - cpu0;
     EXPECT_LT(cpu, 0.3) << "relay used " << cpu << " s of CPU in 1 s while paused";
 
     // A connection the relay already holds still relays, byte-exact, with no fd to spare for
@@ -147,45 +153,40 @@ TEST(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
         EXPECT_LT(got.first_mismatch, 0) << "client " << i << ": " << got.describe();
         clients[i].fd.reset();
     }
-    EXPECT_TRUE(relay.waitForMetric(metric::kConnectionsTotal, metric::listener(), kClients));
-    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsTotal, metric::listener(), kClients));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
         << "no accepted connection may be dropped for lack of an upstream fd";
-    EXPECT_TRUE(relay.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
 }
 
 // EMFILE despite the budget: the fd limit is lowered under the running relay (prlimit), so
 // accept() and socket() fail before the budget says stop. Accepting must pause without
 // spinning, a client accepted without an fd for its upstream must get one later (spare fd or
 // waiting), and every client must be served once others close.
-TEST(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
+TEST_F(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     constexpr int kClients = 40;
-    ScriptedUpstream up(AF_INET, echoScript());
-    ASSERT_TRUE(up.ok()) << up.error();
-    RelayConfig config = singleListenerConfig(up.hostPort(), "splice");
-    config.workers = 1;
-    RelayProcess relay;
-    ASSERT_TRUE(relay.start(config));
-    auto base = relay.openFdCount();
+    ASSERT_NO_FATAL_FAILURE(startRelay(1));
+    auto base = relay_.openFdCount();
     ASSERT_TRUE(base);
     // Room for ~15 connections' sockets past what the relay holds now; the budget computed at
     // start-up (from 20,000) no longer protects it.
     rlimit low{static_cast<rlim_t>(*base + 30), static_cast<rlim_t>(*base + 30)};
-    ASSERT_EQ(::prlimit(relay.pid(), RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
+    ASSERT_EQ(::prlimit(relay_.pid(), RLIMIT_NOFILE, &low, nullptr), 0) << std::strerror(errno);
 
     std::vector<Connected> clients;
     for (int i = 0; i < kClients; ++i) {
-        clients.push_back(connectTo(relay.host(), relay.port()));
+        clients.push_back(connectTo(relay_.host(), relay_.port()));
         ASSERT_TRUE(clients.back().fd) << "client " << i << ": " << clients.back().error;
     }
     // No scrape while the relay is out of fds: the metrics server cannot accept either (that is
     // what the budget's reserve is for). Watch the upstream side instead.
-    ASSERT_TRUE(waitUntil([&] { return up.accepted() >= 5; }, Millis{10'000}))
-        << "the relay forwarded only " << up.accepted() << " connections";
-    double cpu0 = cpuSeconds(relay.pid());
+    ASSERT_TRUE(waitUntil([&] { return up_.accepted() >= 5; }, Millis{10'000}))
+        << "the relay forwarded only " << up_.accepted() << " connections";
+    double cpu0 = cpuSeconds(relay_.pid());
     std::this_thread::sleep_for(Millis{1'000});
-    double cpu = cpuSeconds(relay.pid()) - cpu0;
+    double cpu = cpuSeconds(relay_.pid()) - cpu0;
     EXPECT_LT(cpu, 0.3) << "relay used " << cpu << " s of CPU in 1 s while out of fds";
-    EXPECT_LT(up.accepted(), static_cast<size_t>(kClients))
+    EXPECT_LT(up_.accepted(), static_cast<size_t>(kClients))
         << "30 spare fds cannot hold " << kClients << " relayed connections";
 
     for (int i = 0; i < kClients; ++i) {
@@ -194,10 +195,10 @@ TEST(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
         EXPECT_LT(got.first_mismatch, 0) << "client " << i << ": " << got.describe();
         clients[i].fd.reset();
     }
-    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
         << "every client served; none closed for want of an fd";
-    EXPECT_EQ(relay.metric(metric::kClosedTotal, metric::reason("error")).value_or(-1), 0);
-    EXPECT_GE(relay.metric(metric::kAcceptPausedTotal).value_or(0), 1)
+    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("error")).value_or(-1), 0);
+    EXPECT_GE(relay_.metric(metric::kAcceptPausedTotal).value_or(0), 1)
         << "accept or socket() hit EMFILE";
 }
 
