@@ -53,7 +53,7 @@ std::string typeName(const YAML::Node& node) {
     return "nothing";
 }
 
-constexpr std::array kModes = {Mode::Splice, Mode::Copy};
+constexpr std::array kModes = {Mode::Splice, Mode::Copy, Mode::Sockmap};
 
 // How a key's text parses, renders and states its range.
 enum class Kind { Count, Duration, Size, Address, OptionalAddress, Mode, Name, Bool };
@@ -134,7 +134,9 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .kind = Kind::Mode,
      .member = &ListenerConfig::mode,
      .fallback = "splice",
-     .help = "splice: bytes stay in the kernel; copy: io_uring recv/send through user memory"},
+     .help = "splice: socket -> pipe -> socket in the kernel; copy: io_uring recv/send through "
+             "user memory; sockmap: eBPF redirect in softirq, lowest latency (splice if BPF "
+             "cannot load)"},
     {.name = "pipe_size",
      .kind = Kind::Size,
      .member = &ListenerConfig::pipe_size,
@@ -503,6 +505,8 @@ std::string_view modeName(Mode m) {
             return "splice";
         case Mode::Copy:
             return "copy";
+        case Mode::Sockmap:
+            return "sockmap";
     }
     return "?";
 }

@@ -15,7 +15,10 @@ namespace zcrelay {
 // How a listener's connections move bytes.
 //   Splice: socket -> pipe -> socket with splice(2); the bytes never enter user space.
 //   Copy:   io_uring recv/send through a provided buffer ring (the baseline and the fallback).
-enum class Mode : uint8_t { Splice, Copy };
+//   Sockmap: an eBPF sk_skb verdict redirects each socket's bytes to the other's egress inside
+//           the kernel (bpf/relay.bpf.c): the low-latency path. Runs as splice where the
+//           program cannot load (no CAP_BPF/CAP_NET_ADMIN).
+enum class Mode : uint8_t { Splice, Copy, Sockmap };
 std::string_view modeName(Mode m);
 
 struct ListenerConfig {

@@ -35,7 +35,9 @@ namespace zcrelay {
 
 enum class ConnState : uint8_t { Free, Connecting, Relaying, Closing };
 
-enum class DataPath : uint8_t { Splice, Copy };
+// Sockmap: the kernel redirects src's bytes to dst (pump/sockmap_pump.hpp); user space only
+// watches for the FIN and propagates it.
+enum class DataPath : uint8_t { Splice, Copy, Sockmap };
 
 // Copy path: buffers received on src and not yet fully sent to dst, in order. Bounded: recv is
 // re-armed only while there is room, which is the backpressure.
@@ -74,6 +76,10 @@ struct Direction {
     Pipe pipe;                // splice: held only while bytes are moving
     uint32_t in_pipe = 0;     // splice: bytes read into the pipe and not yet written out
     CopyQueue queue;          // copy: buffers in flight
+    bool barrier_armed = false;  // sockmap: a timer to look at the FIN barrier again
+    uint8_t barrier_step = 0;    // sockmap: how many times it waited (the back-off)
+    uint64_t bpf_seen = 0;       // sockmap: the program's byte count already in the metrics
+    uint64_t bpf_barrier_left = 0;  // sockmap: bytes the barrier still waited for last time
 
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
 };
@@ -85,6 +91,10 @@ struct Conn {
     uint32_t generation = 0;      // bumped on every reuse of the slot
     uint32_t inflight = 0;        // SQEs issued for this slot whose CQE has not arrived
     int fd[2] = {-1, -1};         // [0] client, [1] upstream
+    uint64_t cookie[2] = {0, 0};  // sockmap: SO_COOKIE of fd[i], its key in the maps
+    bool linked[2] = {false, false};  // sockmap: fd[i] has an entry in zcr_links
+    bool in_map[2] = {false, false};  // sockmap: fd[i] is in the SOCKHASH
+    uint32_t record = 0;  // sockmap: the index of fd[0]'s counters; fd[1]'s is record + 1
     int64_t last_active_ms = 0;   // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;
     uint32_t next_free = 0;  // free-list link while Free

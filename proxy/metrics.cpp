@@ -61,7 +61,10 @@ class Collector : public prometheus::Collectable {
   public:
     Collector(const Config& config, std::vector<const WorkerStats*> workers)
         : workers_(std::move(workers)) {
-        for (const auto& l : config.listeners) listeners_.push_back(l.name);
+        for (const auto& l : config.listeners) {
+            listeners_.push_back(l.name);
+            modes_.push_back(std::string(modeName(l.mode)));
+        }
     }
 
     std::vector<MetricFamily> Collect() const override {
@@ -82,6 +85,15 @@ class Collector : public prometheus::Collectable {
                         "Upstream connects that failed, by reason.", MetricType::Counter);
         Family closed("zcrelay_connections_closed_total", "Connections closed, by reason.",
                       MetricType::Counter);
+        Family datapath("zcrelay_datapath_info",
+                        "The data path each listener runs (mode sockmap runs as splice where the "
+                        "BPF program cannot load); the value is always 1.",
+                        MetricType::Gauge);
+        Family sockmap_fallbacks(
+            "zcrelay_sockmap_fallbacks_total",
+            "Sockmap connections (not_established, insert_failed, no_record: relayed by splice) "
+            "or directions (insert_race: by copy) that the kernel path did not take, by reason.",
+            MetricType::Counter);
         for (size_t i = 0; i < listeners_.size(); ++i) {
             const std::string& name = listeners_[i];
             double accepted =
@@ -94,6 +106,14 @@ class Collector : public prometheus::Collectable {
                 closed.add({{"listener", name}, {"reason", std::string(kCloseReasonLabels[r])}}, v);
             }
             conns.add({{"listener", name}}, accepted);
+            datapath.add({{"listener", name}, {"mode", modes_[i]}}, 1);
+            for (size_t r = 0; r < idx(SockmapFallback::kCount); ++r) {
+                sockmap_fallbacks.add(
+                    {{"listener", name}, {"reason", std::string(kSockmapFallbackLabels[r])}},
+                    sum([i, r](const WorkerStats& w) {
+                        return w.listeners[i].sockmap_fallbacks[r].get();
+                    }));
+            }
             active.add({{"listener", name}}, accepted - closed_total);
             bytes.add(
                 {{"direction", "upstream"}, {"listener", name}},
@@ -136,6 +156,10 @@ class Collector : public prometheus::Collectable {
             "Times a worker stopped accepting because the process or system ran out of fds.",
             MetricType::Counter);
         paused.add({}, sum([](const WorkerStats& w) { return w.accept_paused.get(); }));
+        Family sockmap_sockets("zcrelay_sockmap_sockets",
+                               "Sockets in the sockmap SOCKHASH now (two per connection).",
+                               MetricType::Gauge);
+        sockmap_sockets.add({}, sum([](const WorkerStats& w) { return w.sockmap_sockets.get(); }));
         Family threads("zcrelay_process_threads",
                        "Threads of the process, io_uring io-wq workers included.",
                        MetricType::Gauge);
@@ -145,8 +169,9 @@ class Collector : public prometheus::Collectable {
         info.add({{"version", ZCRELAY_VERSION}}, 1);
 
         std::vector<MetricFamily> out;
-        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &fallbacks, &per_worker,
-                          &in_use, &cached, &paused, &threads, &info})
+        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &datapath, &fallbacks,
+                          &sockmap_fallbacks, &per_worker, &in_use, &cached, &sockmap_sockets,
+                          &paused, &threads, &info})
             out.push_back(f->take());
         return out;
     }
@@ -154,6 +179,7 @@ class Collector : public prometheus::Collectable {
   private:
     std::vector<const WorkerStats*> workers_;
     std::vector<std::string> listeners_;
+    std::vector<std::string> modes_;
 };
 
 }  // namespace

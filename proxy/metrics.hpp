@@ -44,6 +44,7 @@ struct ListenerStats {
     StatCounter bytes_downstream;  // upstream -> client
     std::array<StatCounter, idx(CloseReason::kCount)> closed;
     std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
+    std::array<StatCounter, idx(SockmapFallback::kCount)> sockmap_fallbacks;
 };
 
 struct WorkerStats {
@@ -53,6 +54,7 @@ struct WorkerStats {
     StatCounter pipes_in_use;   // gauge: pipes held by directions
     StatCounter pipes_cached;   // gauge: empty pipes kept for reuse
     StatCounter accept_paused;  // accept stopped on EMFILE/ENFILE
+    StatCounter sockmap_sockets;  // gauge: sockets this worker has in the SOCKHASH
 };
 
 // The /metrics endpoint: a civetweb server (prometheus-cpp pull) serving the sum of all

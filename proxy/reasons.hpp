@@ -31,12 +31,20 @@ namespace zcrelay {
     X(PipeLimit, "pipe_limit")         /* pipe-user-pages-soft: the kernel gave a tiny pipe */ \
     X(Emfile, "emfile")                /* no fd left for the pipe's two ends */
 
+// Why a sockmap connection, or one of its directions, is relayed by another data path.
+#define ZCRELAY_SOCKMAP_FALLBACKS(X)                                                           \
+    X(NotEstablished, "not_established") /* a socket had its FIN or RST already: splice */   \
+    X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */      \
+    X(InsertRace, "insert_race")         /* bytes came while only one socket was in: copy */  \
+    X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */
+
 #define ZCRELAY_ENUM_ITEM(name, label) name,
 #define ZCRELAY_LABEL_ITEM(name, label) label,
 
 enum class CloseReason : uint8_t { ZCRELAY_CLOSE_REASONS(ZCRELAY_ENUM_ITEM) kCount };
 enum class ConnectFailure : uint8_t { ZCRELAY_CONNECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
 enum class PipeFallback : uint8_t { ZCRELAY_PIPE_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
+enum class SockmapFallback : uint8_t { ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
 
 inline constexpr std::array<std::string_view, static_cast<size_t>(CloseReason::kCount)>
     kCloseReasonLabels{ZCRELAY_CLOSE_REASONS(ZCRELAY_LABEL_ITEM)};
@@ -44,6 +52,8 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(ConnectFailure
     kConnectFailureLabels{ZCRELAY_CONNECT_FAILURES(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(PipeFallback::kCount)>
     kPipeFallbackLabels{ZCRELAY_PIPE_FALLBACKS(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(SockmapFallback::kCount)>
+    kSockmapFallbackLabels{ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_LABEL_ITEM)};
 
 template <typename E>
 constexpr size_t idx(E e) {
@@ -53,5 +63,6 @@ constexpr size_t idx(E e) {
 inline std::string_view label(CloseReason r) { return kCloseReasonLabels[idx(r)]; }
 inline std::string_view label(ConnectFailure r) { return kConnectFailureLabels[idx(r)]; }
 inline std::string_view label(PipeFallback r) { return kPipeFallbackLabels[idx(r)]; }
+inline std::string_view label(SockmapFallback r) { return kSockmapFallbackLabels[idx(r)]; }
 
 }  // namespace zcrelay

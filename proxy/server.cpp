@@ -11,6 +11,9 @@
 namespace zcrelay {
 namespace {
 constexpr uint64_t kReservedFds = 64;
+// Sockets the sockmap can hold (24 B of mmap()ed counters and a hash entry each): past
+// RLIMIT_NOFILE 1M the surplus connections run splice (counted as no_record).
+constexpr uint64_t kMaxSockmapRecords = 1u << 21;
 }  // namespace
 
 tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
@@ -50,9 +53,32 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
              static_cast<unsigned long long>(nofile.rlim_cur), per_worker,
              per_worker * cfg.workers);
+
+    // One copy of the BPF program for the process; each worker owns two records per slot.
+    bool want_sockmap = std::any_of(cfg.listeners.begin(), cfg.listeners.end(),
+                                    [](const ListenerConfig& l) { return l.mode == Mode::Sockmap; });
+    if (want_sockmap) {
+        uint64_t records = std::min<uint64_t>(uint64_t{2} * per_worker * cfg.workers, kMaxSockmapRecords);
+        auto loaded = Sockmap::load(static_cast<uint32_t>(records), Sockmap::Attach::StreamVerdict);
+        if (loaded) {
+            server->sockmap_ = std::move(*loaded);
+            LOG_INFO("sockmap: verdict attached, room for %llu sockets",
+                     static_cast<unsigned long long>(records));
+        } else {
+            // The same bytes still get relayed, by the default path; the metric
+            // zcrelay_datapath_info says which path runs.
+            for (ListenerConfig& l : server->config_.listeners) {
+                if (l.mode != Mode::Sockmap) continue;
+                LOG_WARN("listener %s: mode sockmap unavailable (%s); running splice",
+                         l.name.c_str(), loaded.error().c_str());
+                l.mode = Mode::Splice;
+            }
+        }
+    }
     for (unsigned w = 0; w < cfg.workers; ++w)
-        server->workers_.push_back(
-            std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]), per_worker));
+        server->workers_.push_back(std::make_unique<Worker>(
+            w, cfg, std::move(listen_fds[w]), per_worker, server->sockmap_.get(),
+            2 * per_worker * w));
 
     if (cfg.metrics.enabled) {
         std::vector<const WorkerStats*> stats;

@@ -1,8 +1,9 @@
 #pragma once
 // The process's one Server: listening sockets, workers and the metrics endpoint, started and
 // stopped in a fixed order.
-//   start: bind every listener (port 0 resolved once, shared by all workers' sockets) -> the
-//          metrics endpoint -> the workers, each accepting once its ring is up.
+//   start: bind every listener (port 0 resolved once, shared by all workers' sockets) -> load
+//          the sockmap program if a listener wants it (else it runs splice) -> the metrics
+//          endpoint -> the workers, each accepting once its ring is up.
 //   drain: every worker stops accepting and lets its connections finish (drain_timeout).
 //   join:  workers exit once their connections are gone; the metrics endpoint goes last, so
 //          the final counts can still be scraped during the drain.
@@ -13,6 +14,7 @@
 
 #include "config.hpp"
 #include "metrics.hpp"
+#include "sockmap.hpp"
 #include "worker.hpp"
 
 namespace zcrelay {
@@ -39,6 +41,7 @@ class Server {
 
     Config config_;
     std::vector<SocketAddress> bound_;
+    std::unique_ptr<Sockmap> sockmap_;  // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
     std::unique_ptr<MetricsEndpoint> metrics_;
 };

@@ -15,6 +15,7 @@
 
 #include "log.hpp"
 #include "pump/copy_pump.hpp"
+#include "pump/sockmap_pump.hpp"
 #include "pump/splice_pump.hpp"
 #include "upstream.hpp"
 
@@ -72,11 +73,13 @@ int64_t tickFor(const Config& config) {
 }  // namespace
 
 Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds,
-               uint32_t max_conns)
+               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base)
     : id_(id),
       config_(config),
       name_("w" + std::to_string(id)),
       max_conns_(max_conns),
+      sockmap_(sockmap),
+      sockmap_base_(sockmap_base),
       stats_(config.listeners.size()) {
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
@@ -216,6 +219,10 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             break;
         case Op::Send:
             onSend(c, ud.slot, d, cqe->res);
+            break;
+        case Op::Barrier:
+            c.dir[d].barrier_armed = false;
+            if (c.state == ConnState::Relaying) onBarrier(c, ud.slot, d);
             break;
         default:
             break;
@@ -362,6 +369,8 @@ void Worker::sweep() {
             closeConn(c, slot, CloseReason::Drain);
             continue;
         }
+        // The kernel moved a sockmap connection's bytes: what it counted is activity too.
+        if (c.linked[0] || c.linked[1]) foldSockmapBytes(c);
         int64_t idle = config_.listeners[c.listener].idle_timeout.count();
         if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle) {
             closeConn(c, slot, CloseReason::IdleTimeout);
@@ -491,20 +500,31 @@ void Worker::onConnect(Conn& c, uint32_t slot, int res) {
     }
     c.state = ConnState::Relaying;
     c.last_active_ms = now_ms_;
-    DataPath path =
-        config_.listeners[c.listener].mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
+    Mode mode = config_.listeners[c.listener].mode;
+    if (mode == Mode::Sockmap && sockmap_ != nullptr) {
+        startSockmap(c, slot);
+    } else {
+        DataPath path = mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
+        for (Direction& dir : c.dir) dir.path = path;
+    }
     for (int d = 0; d < 2; ++d) {
-        c.dir[d].path = path;
         startDirection(c, slot, d);
         if (c.state != ConnState::Relaying) return;
     }
 }
 
 void Worker::startDirection(Conn& c, uint32_t slot, int d) {
-    if (c.dir[d].path == DataPath::Splice)
-        armPollIn(c, slot, d);
-    else
-        advanceCopy(c, slot, d);
+    switch (c.dir[d].path) {
+        case DataPath::Splice:
+            armPollIn(c, slot, d);
+            break;
+        case DataPath::Copy:
+            advanceCopy(c, slot, d);
+            break;
+        case DataPath::Sockmap:
+            armWatch(c, slot, d);
+            break;
+    }
 }
 
 void Worker::addBytes(Conn& c, int d, uint64_t n) {
@@ -535,6 +555,21 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         c.counted_active = false;
     }
     c.state = ConnState::Closing;
+    if (c.linked[0] || c.linked[1]) {
+        foldSockmapBytes(c);
+        // Out of the maps before close(): see pump/sockmap_pump.hpp.
+        for (int i = 0; i < 2; ++i)
+            if (c.in_map[i]) stats_.sockmap_sockets.sub();
+        tearDownPair(*sockmap_, c);
+    }
+    for (int d = 0; d < 2; ++d) {
+        if (!c.dir[d].barrier_armed) continue;
+        // A timer holds no file, so the cancels below would miss it.
+        io_uring_sqe* sqe = ring_->sqe();
+        io_uring_prep_timeout_remove(
+            sqe, UserData{Op::Barrier, static_cast<uint8_t>(d), slot, c.generation}.pack(), 0);
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    }
     for (Direction& dir : c.dir) {
         if (!dir.pipe.valid()) continue;
         // Bytes still in a pipe were never delivered; the connection is gone, so are they.
@@ -613,7 +648,7 @@ void Worker::armWatch(Conn& c, uint32_t slot, int d) {
     // RST there. POLLRDHUP alone does not fire on data (no wake-up per segment), only on FIN;
     // POLLERR and POLLHUP are always reported.
     io_uring_sqe* sqe = sqeFor(c, slot, Op::Watch, d);
-    io_uring_prep_poll_add(sqe, c.fd[d], POLLRDHUP);
+    io_uring_prep_poll_add(sqe, c.fd[d], POLLRDHUP | POLLERR | POLLHUP);
     dir.watch = true;
 }
 
@@ -626,6 +661,10 @@ void Worker::onPollIn(Conn& c, uint32_t slot, int d, int res) {
 void Worker::onWatch(Conn& c, uint32_t slot, int d, int res) {
     c.dir[d].watch = false;
     if (c.state != ConnState::Relaying || res < 0) return;
+    if (c.dir[d].path == DataPath::Sockmap) {
+        onSockmapWatch(c, slot, d, res);
+        return;
+    }
     if (res & POLLERR) {
         int err = 0;
         socklen_t len = sizeof err;
@@ -664,6 +703,151 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
         case SpliceStep::Failed:
             failDirection(c, slot, d, step.on_src, step.error);
             break;
+    }
+}
+
+// ---- sockmap path --------------------------------------------------------------------------
+
+void Worker::startSockmap(Conn& c, uint32_t slot) {
+    PairSetUp r;
+    if (slot < max_conns_) {
+        r = setUpPair(*sockmap_, c, sockmap_base_ + 2 * slot);
+    } else {
+        // Slots stay below max_conns (the fd budget bounds live connections); defensive.
+        r.fell_back = true;
+        r.reason = SockmapFallback::NoRecord;
+        for (Direction& dir : c.dir) dir.path = DataPath::Splice;
+    }
+    for (int i = 0; i < 2; ++i)
+        if (c.in_map[i]) stats_.sockmap_sockets.add();
+    if (r.fell_back) {
+        stats_.listeners[c.listener].sockmap_fallbacks[idx(r.reason)].add();
+        LOG_DEBUG("%s: sockmap fallback %s", config_.listeners[c.listener].name.c_str(),
+                  std::string(label(r.reason)).c_str());
+    }
+}
+
+void Worker::onSockmapWatch(Conn& c, uint32_t slot, int d, int res) {
+    if (c.dir[d].finished) {
+        // The error watch of a finished source (see sockmapBarrier): POLLHUP alone means its
+        // writing side was shut too, i.e. the connection is done.
+        if (res & POLLERR) failDirection(c, slot, d, true, ECONNRESET);
+        return;
+    }
+    if (res & POLLERR) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        ::getsockopt(c.fd[d], SOL_SOCKET, SO_ERROR, &err, &len);  // reads and clears it
+        // The psock worker reports a send it could not make into this socket as EPIPE on
+        // it. Once this socket's writing side is shut down (direction 1 - d finished) that is
+        // the FIN-time artefact of the teardown, not a broken stream.
+        if (err != EPIPE || !c.dir[1 - d].finished) {
+            failDirection(c, slot, d, true, err != 0 ? err : ECONNRESET);
+            return;
+        }
+    }
+    if (!(res & (POLLRDHUP | POLLHUP))) {
+        armWatch(c, slot, d);
+        return;
+    }
+    c.dir[d].src_hup = true;
+    sockmapEof(c, slot, d);
+}
+
+void Worker::sockmapEof(Conn& c, uint32_t slot, int d) {
+    SockmapEof e = checkEof(c.fd[d], c.dir[1 - d].finished);
+    switch (e.kind) {
+        case SockmapEof::Eof:
+            c.dir[d].eof = true;
+            c.dir[d].barrier_step = 0;
+            sockmapBarrier(c, slot, d);
+            return;
+        case SockmapEof::Again:
+            armBarrier(c, slot, d);
+            return;
+        case SockmapEof::Passed: {
+            // The program passed bytes after set-up: its peer left the map, which only
+            // teardown does. If it never redirected a byte, copying keeps the order; if it
+            // did, the order of what is in flight is unknowable and the stream is broken.
+            const zcr_sock_stats& rec = sockmap_->record(c.record + d);
+            if (loadRelaxed(rec.redirected) == 0) {
+                stats_.listeners[c.listener].sockmap_fallbacks[idx(SockmapFallback::InsertRace)]
+                    .add();
+                c.dir[d].path = DataPath::Copy;
+                advanceCopy(c, slot, d);
+            } else {
+                LOG_ERROR("%s: sockmap passed bytes after redirecting some; closing",
+                          config_.listeners[c.listener].name.c_str());
+                closeConn(c, slot, CloseReason::Error);
+            }
+            return;
+        }
+        case SockmapEof::Failed:
+            failDirection(c, slot, d, true, e.error);
+            return;
+    }
+}
+
+void Worker::sockmapBarrier(Conn& c, uint32_t slot, int d) {
+    SockmapBarrier b = checkBarrier(c.fd[d], c.fd[1 - d]);
+    switch (b.kind) {
+        case SockmapBarrier::Done:
+            foldSockmapBytes(c);
+            ::shutdown(c.fd[1 - d], SHUT_WR);
+            finishDirection(c, slot, d);
+            if (c.state == ConnState::Relaying && !c.dir[d].watch) {
+                // src is done but still the other direction's destination, written by the
+                // kernel alone: only a poll notices an RST on it now.
+                io_uring_prep_poll_add(sqeFor(c, slot, Op::Watch, d), c.fd[d], POLLERR | POLLHUP);
+                c.dir[d].watch = true;
+            }
+            return;
+        case SockmapBarrier::Wait:
+            // A slow reader on dst holds the psock's backlog: that is progress, not idleness,
+            // as long as the backlog shrinks.
+            if (b.remaining != c.dir[d].bpf_barrier_left) {
+                c.dir[d].bpf_barrier_left = b.remaining;
+                c.last_active_ms = now_ms_;
+            }
+            armBarrier(c, slot, d);
+            return;
+        case SockmapBarrier::Failed:
+            failDirection(c, slot, d, b.on_src, b.error);
+            return;
+    }
+}
+
+void Worker::armBarrier(Conn& c, uint32_t slot, int d) {
+    // Read by the kernel when the SQE is submitted, so they must outlive this call.
+    // 1 ms first: at the end of a 100 MiB burst the backlog took 6-20 ms to drain. Doubling
+    // to 32 ms bounds both the latency added to a FIN and the polling of a stalled reader.
+    static constexpr __kernel_timespec kWaits[] = {
+        {0, 1000000}, {0, 2000000}, {0, 4000000}, {0, 8000000}, {0, 16000000}, {0, 32000000}};
+    Direction& dir = c.dir[d];
+    if (dir.barrier_armed) return;
+    uint8_t step = std::min<uint8_t>(dir.barrier_step, std::size(kWaits) - 1);
+    if (dir.barrier_step < 255) ++dir.barrier_step;
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::Barrier, d);
+    io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kWaits[step]), 0, 0);
+    dir.barrier_armed = true;
+}
+
+void Worker::onBarrier(Conn& c, uint32_t slot, int d) {
+    if (c.dir[d].path != DataPath::Sockmap || c.dir[d].finished) return;
+    if (c.dir[d].eof)
+        sockmapBarrier(c, slot, d);
+    else
+        sockmapEof(c, slot, d);
+}
+
+void Worker::foldSockmapBytes(Conn& c) {
+    for (int d = 0; d < 2; ++d) {
+        if (!c.linked[d]) continue;
+        uint64_t v = loadRelaxed(sockmap_->record(c.record + d).redirected);
+        if (v > c.dir[d].bpf_seen) {
+            addBytes(c, d, v - c.dir[d].bpf_seen);
+            c.dir[d].bpf_seen = v;
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 #include "conn.hpp"
 #include "metrics.hpp"
 #include "pipe_pool.hpp"
+#include "sockmap.hpp"
 #include "unique_fd.hpp"
 #include "uring/buf_ring.hpp"
 #include "uring/ring.hpp"
@@ -27,8 +28,11 @@ namespace zcrelay {
 class Worker {
   public:
     // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
-    // worker's share of the process's fd budget, in connections (2 fds each).
-    Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns);
+    // worker's share of the process's fd budget, in connections (2 fds each). `sockmap`
+    // (shared, may be null) holds records [sockmap_base, sockmap_base + 2 * max_conns) for
+    // this worker: two per connection slot.
+    Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns,
+           Sockmap* sockmap, uint32_t sockmap_base);
     ~Worker();
 
     // Starts the thread; the future resolves once the ring is up and accepting (or failed).
@@ -92,6 +96,16 @@ class Worker {
     void onWatch(Conn& c, uint32_t slot, int d, int res);
     void pumpSpliceDir(Conn& c, uint32_t slot, int d);
 
+    // Sockmap path.
+    void startSockmap(Conn& c, uint32_t slot);
+    void onSockmapWatch(Conn& c, uint32_t slot, int d, int res);
+    void sockmapEof(Conn& c, uint32_t slot, int d);
+    void sockmapBarrier(Conn& c, uint32_t slot, int d);
+    void armBarrier(Conn& c, uint32_t slot, int d);
+    void onBarrier(Conn& c, uint32_t slot, int d);
+    // Adds what the program counted since the last look to the byte metrics.
+    void foldSockmapBytes(Conn& c);
+
     // Copy path.
     void advanceCopy(Conn& c, uint32_t slot, int d);
     void onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags);
@@ -108,6 +122,8 @@ class Worker {
     const Config& config_;
     std::string name_;
     const uint32_t max_conns_;
+    Sockmap* const sockmap_;
+    const uint32_t sockmap_base_;
     WorkerStats stats_;
     std::vector<ListenerState> listeners_;
     UniqueFd wake_fd_;

@@ -126,7 +126,7 @@ TEST(UsageText, ListsEveryFlagAndTheDefaultConfig) {
     const std::string usage = usageText();
     for (const char* flag : {"-c, --config FILE", "--check-config FILE", "--print-default-config",
                              "--version", "-h, --help", "--listen ADDR", "--upstream ADDR",
-                             "--mode splice|copy", "--workers N", "--metrics ADDR|off"}) {
+                             "--mode splice|copy|sockmap", "--workers N", "--metrics ADDR|off"}) {
         EXPECT_NE(usage.find(flag), std::string::npos) << flag;
     }
     EXPECT_NE(usage.find("`zcrelay --print-default-config`"), std::string::npos);

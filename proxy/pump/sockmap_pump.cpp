@@ -1,0 +1,125 @@
+// <linux/tcp.h>, not <netinet/tcp.h>: glibc's struct tcp_info stops before tcpi_bytes_sent.
+#include "pump/sockmap_pump.hpp"
+
+#include <linux/tcp.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+
+namespace zcrelay {
+namespace {
+
+// tcpi_state values (include/net/tcp_states.h is not UAPI).
+constexpr uint8_t kTcpEstablished = 1;
+constexpr uint8_t kTcpClose = 7;
+
+bool tcpInfo(int fd, tcp_info& info) {
+    socklen_t len = sizeof info;
+    return ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0;
+}
+
+bool established(int fd) {
+    tcp_info info{};
+    return tcpInfo(fd, info) && info.tcpi_state == kTcpEstablished;
+}
+
+// The kick: see the header. Returns the peeked count (0 or 1), or -errno.
+int peek(int fd) {
+    char b;
+    ssize_t n = ::recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 ? static_cast<int>(n) : -errno;
+}
+
+}  // namespace
+
+PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
+    PairSetUp out;
+    auto fallBack = [&](SockmapFallback why, DataPath p0, DataPath p1) {
+        out.fell_back = true;
+        out.reason = why;
+        c.dir[0].path = p0;
+        c.dir[1].path = p1;
+        return out;
+    };
+    if (index_base + 1 >= map.capacity())
+        return fallBack(SockmapFallback::NoRecord, DataPath::Splice, DataPath::Splice);
+    // Either socket may have had its FIN by now; the kernel would refuse it (EOPNOTSUPP).
+    // Asking first keeps the refusal from striking after the other socket went in.
+    if (!established(c.fd[0]) || !established(c.fd[1]))
+        return fallBack(SockmapFallback::NotEstablished, DataPath::Splice, DataPath::Splice);
+    for (int i = 0; i < 2; ++i) {
+        auto cookie = socketCookie(c.fd[i]);
+        if (!cookie) return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
+        c.cookie[i] = *cookie;
+    }
+    c.record = index_base;
+    for (int i = 0; i < 2; ++i) {
+        if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i)) {
+            tearDownPair(map, c);
+            return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
+        }
+        c.linked[i] = true;
+    }
+    if (!map.insert(c.fd[1], c.cookie[1])) {
+        tearDownPair(map, c);
+        return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
+    }
+    c.in_map[1] = true;
+    if (!map.insert(c.fd[0], c.cookie[0])) {
+        // The upstream socket stays in: a verdict may already have passed bytes to it, and
+        // taking it out would purge them with its psock. It passes everything from now on
+        // (upstream -> client by copy); client -> upstream never entered the kernel path.
+        storeRelaxed(map.record(index_base + 1).pass, __u32{1});
+        fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Copy);
+    } else {
+        c.in_map[0] = true;
+        c.dir[0].path = DataPath::Sockmap;
+        c.dir[1].path = DataPath::Sockmap;
+    }
+    for (int i = 0; i < 2; ++i) {
+        if (!c.in_map[i]) continue;
+        peek(c.fd[i]);
+        // A direction whose socket passed bytes during the window never redirected one (its
+        // peer was not in the map yet), so moving all of it by copy keeps the order.
+        if (loadRelaxed(map.record(index_base + i).pass) != 0 && c.dir[i].path == DataPath::Sockmap) {
+            c.dir[i].path = DataPath::Copy;
+            out.fell_back = true;
+            out.reason = SockmapFallback::InsertRace;
+        }
+    }
+    return out;
+}
+
+void tearDownPair(Sockmap& map, Conn& c) {
+    for (int i = 0; i < 2; ++i) {
+        if (!c.linked[i]) continue;
+        map.remove(c.cookie[i], c.in_map[i]);
+        c.linked[i] = false;
+        c.in_map[i] = false;
+    }
+}
+
+SockmapEof checkEof(int src, bool src_write_shut) {
+    int n = peek(src);
+    if (n > 0) return {SockmapEof::Passed, 0};
+    if (n == 0) return {SockmapEof::Eof, 0};
+    if (n == -EAGAIN || n == -EINTR) return {SockmapEof::Again, 0};
+    if (n == -EPIPE && src_write_shut) return {SockmapEof::Eof, 0};
+    return {SockmapEof::Failed, -n};
+}
+
+SockmapBarrier checkBarrier(int src, int dst) {
+    tcp_info in{}, out{};
+    if (!tcpInfo(src, in)) return {SockmapBarrier::Failed, true, errno, 0};
+    if (!tcpInfo(dst, out)) return {SockmapBarrier::Failed, false, errno, 0};
+    // A reset dst will never take the rest: fail now rather than wait for the idle timeout.
+    if (out.tcpi_state == kTcpClose) return {SockmapBarrier::Failed, false, ECONNRESET, 0};
+    // bytes_received counts the FIN as one byte. bytes_sent counts retransmissions again.
+    uint64_t received = in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0;
+    uint64_t queued = out.tcpi_bytes_sent - out.tcpi_bytes_retrans + out.tcpi_notsent_bytes;
+    if (queued >= received) return {SockmapBarrier::Done, false, 0, 0};
+    return {SockmapBarrier::Wait, false, 0, received - queued};
+}
+
+}  // namespace zcrelay

@@ -1,0 +1,80 @@
+#pragma once
+// The in-kernel data path: both sockets of a connection in the SOCKHASH of bpf/relay.bpf.c, the
+// bytes redirected from one's receive path to the other's egress without waking user space.
+// What user space still does, and what the kernel does that forces each step (all measured on
+// 6.18, see ../shared/notes/kernel-datapath.md):
+//
+// Set-up (setUpPair):
+//   - Only ESTABLISHED sockets may enter the map, so a client that already sent its FIN (a
+//     request and SHUT_WR before the upstream answered) is relayed by splice instead.
+//   - Links go in before sockets, the upstream socket before the client's: a verdict runs only
+//     on a socket already in the map, and a peer missing from the map makes the redirect fail.
+//     The program then passes the bytes to the socket itself and keeps passing (sticky), so
+//     the direction is moved by copy from user space, in order. The upstream rarely sends
+//     in the microseconds between the two inserts; a client bursting its request often does,
+//     so it goes second.
+//   - Bytes that arrived before insertion sit in the receive queue and run through the
+//     verdict only when the next segment arrives: a request waiting for its answer would wait
+//     forever. A recv(MSG_PEEK) runs the queue through the verdict in order
+//     (tcp_bpf_recvmsg_parser() calls tcp_data_ready()) and, holding the socket lock,
+//     also waits out a verdict still running in softirq, so the sticky flag read after it
+//     is final for the set-up window.
+// Relaying: the worker watches each source for POLLRDHUP only. POLLIN would wake it once per
+//   redirected skb (every redirect still calls the socket's saved data_ready): ~0.7 CPU s/GiB
+//   of wake-ups that find nothing to read.
+// FIN (checkEof, checkBarrier): a FIN is not redirected. After POLLRDHUP, a peek returning 0
+//   confirms the end of the stream; shutdown(dst, SHUT_WR) must then wait until every byte
+//   the verdict redirected has left the psock's backlog for dst's send queue. Shutting down at
+//   once delivered 28-83 MB of 100 MiB. The barrier: dst has queued (sent - retransmitted +
+//   not yet sent) as many bytes as src received, FIN excluded.
+// Teardown: both sockets leave the map before close(). A read that returns EPIPE on a socket
+//   whose writing side is already shut down is the psock's failed late send, not an error.
+#include <cstdint>
+
+#include "conn.hpp"
+#include "reasons.hpp"
+#include "sockmap.hpp"
+
+namespace zcrelay {
+
+struct PairSetUp {
+    bool fell_back = false;  // not every direction is DataPath::Sockmap; reason says why
+    SockmapFallback reason = SockmapFallback::NotEstablished;
+};
+
+// Links and inserts c's two sockets (records index_base, index_base + 1) and sets each
+// direction's path: Sockmap, or Splice/Copy where the kernel would not take it. Any socket it
+// inserted is marked in c.in_map and must go through tearDownPair() before close().
+PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base);
+
+// Takes c's sockets out of the maps. Idempotent.
+void tearDownPair(Sockmap& map, Conn& c);
+
+struct SockmapEof {
+    enum Kind : uint8_t {
+        Eof,     // src's stream ended; every byte before the FIN went through the verdict
+        Passed,  // src has bytes waiting for user space (the sticky pass): move them by copy
+        Again,   // the receive queue could not be run through the verdict yet: ask again
+        Failed,  // error, an errno
+    };
+    Kind kind = Eof;
+    int error = 0;
+};
+
+// After POLLRDHUP on src. `src_write_shut`: src's own writing side is already shut down, so
+// an EPIPE there is the teardown artefact, not a broken stream.
+SockmapEof checkEof(int src, bool src_write_shut);
+
+struct SockmapBarrier {
+    enum Kind : uint8_t { Done, Wait, Failed };
+    Kind kind = Wait;
+    bool on_src = false;     // Failed: which socket
+    int error = 0;           // Failed: errno
+    uint64_t remaining = 0;  // Wait: bytes src received that dst has not queued yet
+};
+
+// Whether dst has queued every byte src received, so a FIN written now comes after all of
+// them. Two getsockopt(TCP_INFO).
+SockmapBarrier checkBarrier(int src, int dst);
+
+}  // namespace zcrelay

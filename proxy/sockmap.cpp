@@ -1,0 +1,126 @@
+#include "sockmap.hpp"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstring>
+
+#include "log.hpp"
+#include "relay.skel.h"
+
+namespace zcrelay {
+namespace {
+
+// libbpf narrates every step on stderr by default; its warnings and errors become our log
+// lines (the verifier's log among them), its chatter is dropped.
+int libbpfPrint(libbpf_print_level level, const char* fmt, va_list args) {
+    if (level == LIBBPF_DEBUG) return 0;
+    char line[512];
+    int n = vsnprintf(line, sizeof line, fmt, args);
+    if (n > 0 && line[std::min<size_t>(n, sizeof line - 1) - 1] == '\n')
+        line[std::min<size_t>(n, sizeof line - 1) - 1] = '\0';
+    LOG_WARN("libbpf: %s", line);
+    return 0;
+}
+
+std::string failure(const char* step, int err) {
+    return std::string(step) + ": " + std::strerror(err < 0 ? -err : err);
+}
+
+uint32_t mapId(int fd) {
+    bpf_map_info info{};
+    uint32_t len = sizeof info;
+    return bpf_obj_get_info_by_fd(fd, &info, &len) == 0 ? info.id : 0;
+}
+
+}  // namespace
+
+tl::expected<std::unique_ptr<Sockmap>, std::string> Sockmap::load(uint32_t capacity,
+                                                                  Attach attach) {
+    libbpf_set_print(libbpfPrint);
+    std::unique_ptr<Sockmap> s(new Sockmap());
+    s->capacity_ = capacity;
+    s->skel_ = relay_bpf::open();
+    if (!s->skel_) return tl::unexpected(failure("opening the BPF object", errno));
+    relay_bpf* skel = s->skel_;
+    for (bpf_map* m : {skel->maps.zcr_socks, skel->maps.zcr_links, skel->maps.zcr_stats}) {
+        if (int err = bpf_map__set_max_entries(m, capacity); err != 0)
+            return tl::unexpected(failure("sizing the BPF maps", err));
+    }
+    if (int err = relay_bpf::load(skel); err != 0)
+        return tl::unexpected(failure("loading the BPF program", err));
+    s->socks_fd_ = bpf_map__fd(skel->maps.zcr_socks);
+    s->links_fd_ = bpf_map__fd(skel->maps.zcr_links);
+
+    // BPF_F_MMAPABLE: the array's pages are shared with us; the kernel rounds each value up
+    // to 8 bytes, which zcr_sock_stats already is.
+    static_assert(sizeof(zcr_sock_stats) % 8 == 0);
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    s->records_bytes_ = (sizeof(zcr_sock_stats) * capacity + page - 1) / page * page;
+    void* mem = mmap(nullptr, s->records_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
+                     bpf_map__fd(skel->maps.zcr_stats), 0);
+    if (mem == MAP_FAILED) return tl::unexpected(failure("mapping the BPF counters", errno));
+    s->records_ = static_cast<zcr_sock_stats*>(mem);
+
+    // libbpf 1.1 has no bpf_program__attach_sockmap(): the program is attached to the map
+    // with the bare syscall, and detached the same way.
+    s->attach_type_ = attach == Attach::StreamVerdict ? BPF_SK_SKB_STREAM_VERDICT
+                                                      : BPF_SK_SKB_VERDICT;
+    if (bpf_prog_attach(bpf_program__fd(skel->progs.zcr_verdict), s->socks_fd_,
+                        static_cast<bpf_attach_type>(s->attach_type_), 0) != 0) {
+        s->attach_type_ = -1;
+        return tl::unexpected(failure("attaching the verdict to the SOCKHASH", errno));
+    }
+    return s;
+}
+
+Sockmap::~Sockmap() {
+    if (attach_type_ >= 0)
+        bpf_prog_detach2(bpf_program__fd(skel_->progs.zcr_verdict), socks_fd_,
+                         static_cast<bpf_attach_type>(attach_type_));
+    if (records_) munmap(records_, records_bytes_);
+    // Closing the maps frees them once no socket holds them; sockets still inside are taken
+    // out by the kernel (their psocks are dropped and their callbacks restored).
+    if (skel_) relay_bpf::destroy(skel_);
+}
+
+Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index) {
+    zcr_sock_stats& r = records_[index];
+    storeRelaxed(r.redirected, __u64{0});
+    storeRelaxed(r.passed, __u64{0});
+    storeRelaxed(r.pass, __u32{0});
+    storeRelaxed(r.zero_len, __u32{0});
+    zcr_link l{peer_cookie, index, 0};
+    if (bpf_map_update_elem(links_fd_, &cookie, &l, BPF_ANY) != 0)
+        return sysError("bpf_map_update_elem(zcr_links)");
+    return {};
+}
+
+Result<void> Sockmap::insert(int fd, uint64_t cookie) {
+    uint64_t value = static_cast<uint64_t>(fd);
+    if (bpf_map_update_elem(socks_fd_, &cookie, &value, BPF_NOEXIST) != 0)
+        return sysError("bpf_map_update_elem(zcr_socks)");
+    return {};
+}
+
+void Sockmap::remove(uint64_t cookie, bool inserted) {
+    if (inserted) bpf_map_delete_elem(socks_fd_, &cookie);
+    bpf_map_delete_elem(links_fd_, &cookie);
+}
+
+uint32_t Sockmap::socksMapId() const { return mapId(socks_fd_); }
+uint32_t Sockmap::linksMapId() const { return mapId(links_fd_); }
+
+Result<uint64_t> socketCookie(int fd) {
+    uint64_t cookie = 0;
+    socklen_t len = sizeof cookie;
+    if (::getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &len) != 0)
+        return sysError("getsockopt(SO_COOKIE)");
+    return cookie;
+}
+
+}  // namespace zcrelay
