@@ -21,7 +21,7 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeed = 0x5EED;
 
-const std::vector<std::string> kModes = {"splice", "copy"};
+const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
 
 std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 

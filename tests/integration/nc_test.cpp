@@ -194,7 +194,7 @@ TEST_P(NcTest, FileServedByNcUpstreamArrivesWholeAndClientExits) {
                                      static_cast<double>(kFileBytes)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, NcTest, ::testing::Values("splice", "copy"),
+INSTANTIATE_TEST_SUITE_P(Modes, NcTest, ::testing::Values("splice", "copy", "sockmap"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

@@ -1,4 +1,5 @@
-// The real zcrelay binary between real loopback sockets, over both data paths (splice, copy).
+// The real zcrelay binary between real loopback sockets, over every data path (splice, copy,
+// sockmap).
 // The oracle is what the peers see (byte-exact payloads, EOF/RST, timing) and the relay's own
 // Prometheus counters, waited on with deadlines; nothing sleeps and hopes.
 #include <gtest/gtest.h>
@@ -24,7 +25,7 @@ constexpr uint64_t kSeedA = 0xA11CE;
 constexpr uint64_t kSeedB = 0xB0B;
 constexpr Millis kPrompt{2'000};  // "promptly": the bound for closes the relay must propagate
 
-const std::vector<std::string> kModes = {"splice", "copy"};
+const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
 
 std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
 
@@ -42,12 +43,20 @@ class RelayFixture {
         RelayConfig config = singleListenerConfig(up.hostPort(), mode, up.family());
         if (tweak) tweak(config);
         ASSERT_TRUE(relay_.start(config));
+        expectDatapath(mode);
+    }
+    // This machine can load BPF: a sockmap listener that quietly ran splice would make every
+    // sockmap case a second splice case.
+    void expectDatapath(const std::string& mode) {
+        EXPECT_EQ(relay_.metric(metric::kDatapathInfo, metric::datapath(mode)), 1.0)
+            << "listener t should run the " << mode << " data path";
     }
     void startRelayTo(const std::string& upstream_host_port, const std::string& mode,
                       const std::function<void(RelayConfig&)>& tweak = {}) {
         RelayConfig config = singleListenerConfig(upstream_host_port, mode);
         if (tweak) tweak(config);
         ASSERT_TRUE(relay_.start(config));
+        expectDatapath(mode);
     }
     Connected connectClient() { return connectTo(relay_.host(), relay_.port()); }
 

@@ -174,12 +174,17 @@ inline constexpr const char* kPipesCached =
     "zcrelay_pipes_cached";  // optional, not in the contract
 inline constexpr const char* kProcessThreads = "zcrelay_process_threads";
 inline constexpr const char* kAcceptPausedTotal = "zcrelay_accept_paused_total";
+inline constexpr const char* kDatapathInfo = "zcrelay_datapath_info";  // {listener, mode} = 1
+inline constexpr const char* kSockmapFallbacksTotal = "zcrelay_sockmap_fallbacks_total";
+inline constexpr const char* kSockmapSockets = "zcrelay_sockmap_sockets";
 
 inline constexpr const char* kClosedReasons[] = {
     "done", "client_reset", "upstream_reset", "connect_failed", "idle_timeout", "drain", "error"};
 inline constexpr const char* kConnectFailureReasons[] = {"refused", "timeout", "unreachable",
                                                          "addr_not_avail", "other"};
 inline constexpr const char* kPipeFallbackReasons[] = {"pool_exhausted", "pipe_limit", "emfile"};
+inline constexpr const char* kSockmapFallbackReasons[] = {"not_established", "insert_failed",
+                                                          "insert_race", "no_record"};
 
 inline Labels listener(const std::string& name = "t") { return {{"listener", name}}; }
 // direction: "upstream" (client -> upstream) or "downstream" (upstream -> client)
@@ -188,6 +193,9 @@ inline Labels bytes(const std::string& direction, const std::string& name = "t")
 }
 inline Labels reason(const std::string& why, const std::string& name = "t") {
     return {{"listener", name}, {"reason", why}};
+}
+inline Labels datapath(const std::string& mode, const std::string& name = "t") {
+    return {{"listener", name}, {"mode", mode}};
 }
 }  // namespace metric
 
