@@ -65,17 +65,17 @@ struct CopyQueue {
 
 struct Direction {
     DataPath path = DataPath::Splice;
-    bool eof = false;         // src returned end of stream
-    bool finished = false;    // eof propagated: dst shut down for writing
-    bool poll_in = false;     // POLLIN armed on src
-    bool watch = false;       // POLLRDHUP watch armed on src (while not reading it)
-    bool src_hup = false;     // the watch saw src's FIN; the data before it is still to be read
-    bool poll_out = false;    // POLLOUT armed on dst
-    bool recv_armed = false;  // copy: a recv on src in flight
-    bool send_armed = false;  // copy: a send on dst in flight
-    Pipe pipe;                // splice: held only while bytes are moving
-    uint32_t in_pipe = 0;     // splice: bytes read into the pipe and not yet written out
-    CopyQueue queue;          // copy: buffers in flight
+    bool eof = false;            // src returned end of stream
+    bool finished = false;       // eof propagated: dst shut down for writing
+    bool poll_in = false;        // POLLIN armed on src
+    bool watch = false;          // POLLRDHUP watch armed on src (while not reading it)
+    bool src_hup = false;        // the watch saw src's FIN; the data before it is still to be read
+    bool poll_out = false;       // POLLOUT armed on dst
+    bool recv_armed = false;     // copy: a recv on src in flight
+    bool send_armed = false;     // copy: a send on dst in flight
+    Pipe pipe;                   // splice: held only while bytes are moving
+    uint32_t in_pipe = 0;        // splice: bytes read into the pipe and not yet written out
+    CopyQueue queue;             // copy: buffers in flight
     bool barrier_armed = false;  // sockmap: a timer to look at the FIN barrier again
     uint8_t barrier_step = 0;    // sockmap: how many times it waited (the back-off)
     uint64_t bpf_seen = 0;       // sockmap: the program's byte count already in the metrics
@@ -86,16 +86,16 @@ struct Direction {
 
 struct Conn {
     ConnState state = ConnState::Free;
-    uint8_t listener = 0;         // index into the config's listeners
-    bool counted_active = false;  // accepted and counted, not yet counted as closed
-    uint32_t generation = 0;      // bumped on every reuse of the slot
-    uint32_t inflight = 0;        // SQEs issued for this slot whose CQE has not arrived
-    int fd[2] = {-1, -1};         // [0] client, [1] upstream
-    uint64_t cookie[2] = {0, 0};  // sockmap: SO_COOKIE of fd[i], its key in the maps
+    uint8_t listener = 0;             // index into the config's listeners
+    bool counted_active = false;      // accepted and counted, not yet counted as closed
+    uint32_t generation = 0;          // bumped on every reuse of the slot
+    uint32_t inflight = 0;            // SQEs issued for this slot whose CQE has not arrived
+    int fd[2] = {-1, -1};             // [0] client, [1] upstream
+    uint64_t cookie[2] = {0, 0};      // sockmap: SO_COOKIE of fd[i], its key in the maps
     bool linked[2] = {false, false};  // sockmap: fd[i] has an entry in zcr_links
     bool in_map[2] = {false, false};  // sockmap: fd[i] is in the SOCKHASH
-    uint32_t record = 0;  // sockmap: the index of fd[0]'s counters; fd[1]'s is record + 1
-    int64_t last_active_ms = 0;   // monotonic ms of the last byte moved (idle timeout)
+    uint32_t record = 0;         // sockmap: the index of fd[0]'s counters; fd[1]'s is record + 1
+    int64_t last_active_ms = 0;  // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;
     uint32_t next_free = 0;  // free-list link while Free
 

@@ -51,9 +51,9 @@ struct WorkerStats {
     explicit WorkerStats(size_t listeners) : listeners(listeners) {}
     std::vector<ListenerStats> listeners;  // sized once; never resized while workers run
     std::array<StatCounter, idx(PipeFallback::kCount)> pipe_fallbacks;
-    StatCounter pipes_in_use;   // gauge: pipes held by directions
-    StatCounter pipes_cached;   // gauge: empty pipes kept for reuse
-    StatCounter accept_paused;  // accept stopped on EMFILE/ENFILE
+    StatCounter pipes_in_use;     // gauge: pipes held by directions
+    StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
+    StatCounter accept_paused;    // accept stopped on EMFILE/ENFILE
     StatCounter sockmap_sockets;  // gauge: sockets this worker has in the SOCKHASH
 };
 

@@ -55,10 +55,12 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
              per_worker * cfg.workers);
 
     // One copy of the BPF program for the process; each worker owns two records per slot.
-    bool want_sockmap = std::any_of(cfg.listeners.begin(), cfg.listeners.end(),
-                                    [](const ListenerConfig& l) { return l.mode == Mode::Sockmap; });
+    bool want_sockmap =
+        std::any_of(cfg.listeners.begin(), cfg.listeners.end(),
+                    [](const ListenerConfig& l) { return l.mode == Mode::Sockmap; });
     if (want_sockmap) {
-        uint64_t records = std::min<uint64_t>(uint64_t{2} * per_worker * cfg.workers, kMaxSockmapRecords);
+        uint64_t records =
+            std::min<uint64_t>(uint64_t{2} * per_worker * cfg.workers, kMaxSockmapRecords);
         auto loaded = Sockmap::load(static_cast<uint32_t>(records), Sockmap::Attach::StreamVerdict);
         if (loaded) {
             server->sockmap_ = std::move(*loaded);
@@ -76,9 +78,9 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         }
     }
     for (unsigned w = 0; w < cfg.workers; ++w)
-        server->workers_.push_back(std::make_unique<Worker>(
-            w, cfg, std::move(listen_fds[w]), per_worker, server->sockmap_.get(),
-            2 * per_worker * w));
+        server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]),
+                                                            per_worker, server->sockmap_.get(),
+                                                            2 * per_worker * w));
 
     if (cfg.metrics.enabled) {
         std::vector<const WorkerStats*> stats;

@@ -68,8 +68,8 @@ tl::expected<std::unique_ptr<Sockmap>, std::string> Sockmap::load(uint32_t capac
 
     // libbpf 1.1 has no bpf_program__attach_sockmap(): the program is attached to the map
     // with the bare syscall, and detached the same way.
-    s->attach_type_ = attach == Attach::StreamVerdict ? BPF_SK_SKB_STREAM_VERDICT
-                                                      : BPF_SK_SKB_VERDICT;
+    s->attach_type_ =
+        attach == Attach::StreamVerdict ? BPF_SK_SKB_STREAM_VERDICT : BPF_SK_SKB_VERDICT;
     if (bpf_prog_attach(bpf_program__fd(skel->progs.zcr_verdict), s->socks_fd_,
                         static_cast<bpf_attach_type>(s->attach_type_), 0) != 0) {
         s->attach_type_ = -1;

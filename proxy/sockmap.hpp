@@ -30,7 +30,7 @@ class Sockmap {
     // Fails without CAP_BPF + CAP_NET_ADMIN, or on a kernel without sockmap; the error
     // names the step.
     static tl::expected<std::unique_ptr<Sockmap>, std::string> load(uint32_t capacity,
-                                                                     Attach attach);
+                                                                    Attach attach);
     ~Sockmap();
     Sockmap(const Sockmap&) = delete;
     Sockmap& operator=(const Sockmap&) = delete;

@@ -771,7 +771,8 @@ void Worker::sockmapEof(Conn& c, uint32_t slot, int d) {
             // did, the order of what is in flight is unknowable and the stream is broken.
             const zcr_sock_stats& rec = sockmap_->record(c.record + d);
             if (loadRelaxed(rec.redirected) == 0) {
-                stats_.listeners[c.listener].sockmap_fallbacks[idx(SockmapFallback::InsertRace)]
+                stats_.listeners[c.listener]
+                    .sockmap_fallbacks[idx(SockmapFallback::InsertRace)]
                     .add();
                 c.dir[d].path = DataPath::Copy;
                 advanceCopy(c, slot, d);
@@ -821,8 +822,8 @@ void Worker::armBarrier(Conn& c, uint32_t slot, int d) {
     // Read by the kernel when the SQE is submitted, so they must outlive this call.
     // 1 ms first: at the end of a 100 MiB burst the backlog took 6-20 ms to drain. Doubling
     // to 32 ms bounds both the latency added to a FIN and the polling of a stalled reader.
-    static constexpr __kernel_timespec kWaits[] = {
-        {0, 1000000}, {0, 2000000}, {0, 4000000}, {0, 8000000}, {0, 16000000}, {0, 32000000}};
+    static constexpr __kernel_timespec kWaits[] = {{0, 1000000}, {0, 2000000},  {0, 4000000},
+                                                   {0, 8000000}, {0, 16000000}, {0, 32000000}};
     Direction& dir = c.dir[d];
     if (dir.barrier_armed) return;
     uint8_t step = std::min<uint8_t>(dir.barrier_step, std::size(kWaits) - 1);

@@ -50,7 +50,8 @@ PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
         return fallBack(SockmapFallback::NotEstablished, DataPath::Splice, DataPath::Splice);
     for (int i = 0; i < 2; ++i) {
         auto cookie = socketCookie(c.fd[i]);
-        if (!cookie) return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
+        if (!cookie)
+            return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
         c.cookie[i] = *cookie;
     }
     c.record = index_base;
@@ -82,7 +83,8 @@ PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
         peek(c.fd[i]);
         // A direction whose socket passed bytes during the window never redirected one (its
         // peer was not in the map yet), so moving all of it by copy keeps the order.
-        if (loadRelaxed(map.record(index_base + i).pass) != 0 && c.dir[i].path == DataPath::Sockmap) {
+        if (loadRelaxed(map.record(index_base + i).pass) != 0 &&
+            c.dir[i].path == DataPath::Sockmap) {
             c.dir[i].path = DataPath::Copy;
             out.fell_back = true;
             out.reason = SockmapFallback::InsertRace;

@@ -103,8 +103,9 @@ TEST(ResolveConfig, FlagValuesGetTheYamlMessages) {
               "<command line>: --workers: expected a whole number, got \"x\"");
     EXPECT_EQ(errorOf({"--workers", "0"}),
               "<command line>: --workers: \"0\" is out of range (1..256)");
-    EXPECT_EQ(errorOf({"--mode", "fast"}),
-              "<command line>: --mode: \"fast\" is not a mode; expected one of: splice, copy");
+    EXPECT_EQ(
+        errorOf({"--mode", "fast"}),
+        "<command line>: --mode: \"fast\" is not a mode; expected one of: splice, copy, sockmap");
     EXPECT_EQ(errorOf({"--listen", "localhost:80", "--upstream", "127.0.0.1:1"}),
               "<command line>: --listen: \"localhost\" is not a numeric IP address; names are not "
               "resolved");

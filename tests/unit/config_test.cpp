@@ -92,9 +92,9 @@ INSTANTIATE_TEST_SUITE_P(
                    "listeners[0]"},
         BadFixture{"duplicate_name.yaml",
                    "5:11: listeners[1].name: \"listener0\" is already the name of listeners[0]"},
-        BadFixture{
-            "bad_mode.yaml",
-            "5:11: listeners[0].mode: \"zerocopy\" is not a mode; expected one of: splice, copy"},
+        BadFixture{"bad_mode.yaml",
+                   "5:11: listeners[0].mode: \"zerocopy\" is not a mode; expected one of: splice, "
+                   "copy, sockmap"},
         BadFixture{"empty.yaml",
                    "1:1: (document): empty; expected a map with at least `listeners`"},
         BadFixture{"not_a_map.yaml",
