@@ -32,6 +32,27 @@ struct {
 	__type(value, struct zcr_sock_stats);
 } zcr_stats SEC(".maps");
 
+/* The peer's tcp_sock, only the field read here: CO-RE relocates the offset against the
+ * running kernel's BTF at load time, so no vmlinux.h is needed. */
+struct tcp_sock {
+	__u64 bytes_acked;
+} __attribute__((preserve_access_index));
+
+/* Bytes sent towards the peer that its receiver has not acknowledged yet: the psock backlog
+ * plus the peer's send queue. The lookup takes a reference on the socket, released at once. */
+static __always_inline int peer_in_flight(struct zcr_link *link, struct zcr_sock_stats *st,
+					  __u64 *in_flight)
+{
+	struct bpf_sock *peer = bpf_map_lookup_elem(&zcr_socks, &link->peer_cookie);
+	if (!peer)
+		return -1;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(peer);
+	__u64 acked = tp ? tp->bytes_acked : 0;
+	bpf_sk_release(peer);
+	*in_flight = st->redirected + st->consumed - acked;
+	return 0;
+}
+
 SEC("sk_skb")
 int zcr_verdict(struct __sk_buff *skb)
 {
@@ -50,20 +71,20 @@ int zcr_verdict(struct __sk_buff *skb)
 		__sync_fetch_and_add(&st->zero_len, 1);
 		return SK_DROP;
 	}
-	if (st->pass) {
-		__sync_fetch_and_add(&st->passed, skb->len);
-		return SK_PASS;
-	}
-	/* Fails only while the peer is not (yet, or any more) in zcr_socks: the insertion
-	 * window, or teardown. bpf_sk_redirect_hash() then returns SK_DROP, and returning it would
-	 * lose bytes TCP has already acknowledged. Pass instead, and keep passing: this socket's
-	 * bytes now all go through user space, in order. */
-	if (bpf_sk_redirect_hash(skb, &zcr_socks, &link->peer_cookie, 0) != SK_PASS) {
-		st->pass = 1;
-		__sync_fetch_and_add(&st->passed, skb->len);
-		return SK_PASS;
-	}
+	/* Every pass below keeps the bytes on this socket; an SK_DROP here would lose bytes TCP
+	 * has already acknowledged. Once a byte is passed, the ones after it are passed too until
+	 * user space has moved them all (consumed == passed), or they would overtake it. */
+	__u64 in_flight = 0;
+	if (st->consumed != st->passed || peer_in_flight(link, st, &in_flight) != 0 ||
+	    in_flight > st->limit)
+		goto pass;
+	/* Fails only while the peer is not in zcr_socks: the insertion window, or teardown. */
+	if (bpf_sk_redirect_hash(skb, &zcr_socks, &link->peer_cookie, 0) != SK_PASS)
+		goto pass;
 	__sync_fetch_and_add(&st->redirected, skb->len);
+	return SK_PASS;
+pass:
+	__sync_fetch_and_add(&st->passed, skb->len);
 	return SK_PASS;
 }
 

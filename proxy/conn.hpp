@@ -19,12 +19,14 @@
 // Direction d reads fd[d] and writes fd[1 - d]: direction 0 is client -> upstream ("upstream"
 // in metrics), direction 1 is upstream -> client ("downstream").
 //
-// A direction, in either data path, is in one of these waits at any time:
+// A direction, in the splice and copy paths, is in one of these waits at any time:
 //   waiting to read   its src has no data: a POLLIN (splice) or a recv (copy) is armed on src;
 //                     the direction holds no pipe and no buffer.
 //   waiting to write  dst's send buffer is full: a POLLOUT (splice) or a send (copy) is armed on
 //                     dst, and a POLLRDHUP watch on src so an RST there is noticed at once.
 //   finished          src sent FIN and all of it reached dst, which was shut down for writing.
+// A sockmap direction waits for src's FIN (POLLRDHUP) while the kernel moves its bytes, and
+// otherwise for a barrier (the kernel's backlog to reach dst) or, moving passed bytes, as copy.
 #include <array>
 #include <cstdint>
 
@@ -65,21 +67,26 @@ struct CopyQueue {
 
 struct Direction {
     DataPath path = DataPath::Splice;
-    bool eof = false;            // src returned end of stream
-    bool finished = false;       // eof propagated: dst shut down for writing
-    bool poll_in = false;        // POLLIN armed on src
-    bool watch = false;          // POLLRDHUP watch armed on src (while not reading it)
-    bool src_hup = false;        // the watch saw src's FIN; the data before it is still to be read
-    bool poll_out = false;       // POLLOUT armed on dst
-    bool recv_armed = false;     // copy: a recv on src in flight
-    bool send_armed = false;     // copy: a send on dst in flight
-    Pipe pipe;                   // splice: held only while bytes are moving
-    uint32_t in_pipe = 0;        // splice: bytes read into the pipe and not yet written out
-    CopyQueue queue;             // copy: buffers in flight
-    bool barrier_armed = false;  // sockmap: a timer to look at the FIN barrier again
-    uint8_t barrier_step = 0;    // sockmap: how many times it waited (the back-off)
-    uint64_t bpf_seen = 0;       // sockmap: the program's byte count already in the metrics
-    uint64_t bpf_barrier_left = 0;  // sockmap: bytes the barrier still waited for last time
+    bool eof = false;         // src returned end of stream
+    bool finished = false;    // eof propagated: dst shut down for writing
+    bool poll_in = false;     // POLLIN armed on src
+    bool watch = false;       // POLLRDHUP watch armed on src (while not reading it)
+    bool src_hup = false;     // the watch saw src's FIN; the data before it is still to be read
+    bool poll_out = false;    // POLLOUT armed on dst
+    bool recv_armed = false;  // copy: a recv on src in flight
+    bool send_armed = false;  // copy: a send on dst in flight
+    Pipe pipe;                // splice: held only while bytes are moving
+    uint32_t in_pipe = 0;     // splice: bytes read into the pipe and not yet written out
+    CopyQueue queue;          // copy: buffers in flight
+    // Sockmap (pump/sockmap_pump.hpp): the kernel redirects; these track what is left to us.
+    bool catching_up = false;    // passed bytes wait for dst to queue all redirected before them
+    bool user_copy = false;      // passed bytes are moving by copy (recv/send, the queue above)
+    bool barrier_armed = false;  // a timer to look at a barrier (or the EOF) again
+    uint8_t barrier_step = 0;    // how many times it waited in a row (the back-off)
+    uint64_t bpf_seen = 0;       // record.redirected already added to the metrics
+    uint64_t taken = 0;          // passed bytes received by user space
+    uint64_t consumed = 0;       // of those, bytes sent to dst (mirrored into the record)
+    uint64_t barrier_left = 0;   // bytes the barrier still waited for last time
 
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
 };

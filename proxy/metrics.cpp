@@ -89,10 +89,18 @@ class Collector : public prometheus::Collectable {
                         "The data path each listener runs (mode sockmap runs as splice where the "
                         "BPF program cannot load); the value is always 1.",
                         MetricType::Gauge);
+        Family catchups("zcrelay_sockmap_catchups_total",
+                        "Times a sockmap direction had bytes the BPF program left to user space "
+                        "(its peer not in the map yet, or too much in flight towards it).",
+                        MetricType::Counter);
+        Family copied("zcrelay_sockmap_copied_bytes_total",
+                      "Bytes of sockmap connections moved by user space instead of the kernel "
+                      "redirect (also in zcrelay_bytes_total).",
+                      MetricType::Counter);
         Family sockmap_fallbacks(
             "zcrelay_sockmap_fallbacks_total",
-            "Sockmap connections (not_established, insert_failed, no_record: relayed by splice) "
-            "or directions (insert_race: by copy) that the kernel path did not take, by reason.",
+            "Sockmap connections relayed by splice instead, by reason: not_established (a FIN "
+            "came first), insert_failed (the kernel refused the map update), no_record.",
             MetricType::Counter);
         for (size_t i = 0; i < listeners_.size(); ++i) {
             const std::string& name = listeners_[i];
@@ -107,6 +115,12 @@ class Collector : public prometheus::Collectable {
             }
             conns.add({{"listener", name}}, accepted);
             datapath.add({{"listener", name}, {"mode", modes_[i]}}, 1);
+            catchups.add({{"listener", name}}, sum([i](const WorkerStats& w) {
+                             return w.listeners[i].sockmap_catchups.get();
+                         }));
+            copied.add({{"listener", name}}, sum([i](const WorkerStats& w) {
+                           return w.listeners[i].sockmap_copied.get();
+                       }));
             for (size_t r = 0; r < idx(SockmapFallback::kCount); ++r) {
                 sockmap_fallbacks.add(
                     {{"listener", name}, {"reason", std::string(kSockmapFallbackLabels[r])}},
@@ -170,8 +184,8 @@ class Collector : public prometheus::Collectable {
 
         std::vector<MetricFamily> out;
         for (Family* f : {&conns, &active, &bytes, &failures, &closed, &datapath, &fallbacks,
-                          &sockmap_fallbacks, &per_worker, &in_use, &cached, &sockmap_sockets,
-                          &paused, &threads, &info})
+                          &sockmap_fallbacks, &catchups, &copied, &per_worker, &in_use, &cached,
+                          &sockmap_sockets, &paused, &threads, &info})
             out.push_back(f->take());
         return out;
     }

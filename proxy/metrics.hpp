@@ -45,6 +45,8 @@ struct ListenerStats {
     std::array<StatCounter, idx(CloseReason::kCount)> closed;
     std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
     std::array<StatCounter, idx(SockmapFallback::kCount)> sockmap_fallbacks;
+    StatCounter sockmap_catchups;  // times a sockmap direction had passed bytes to move
+    StatCounter sockmap_copied;    // bytes the program passed and user space moved
 };
 
 struct WorkerStats {

@@ -31,11 +31,10 @@ namespace zcrelay {
     X(PipeLimit, "pipe_limit")         /* pipe-user-pages-soft: the kernel gave a tiny pipe */ \
     X(Emfile, "emfile")                /* no fd left for the pipe's two ends */
 
-// Why a sockmap connection, or one of its directions, is relayed by another data path.
-#define ZCRELAY_SOCKMAP_FALLBACKS(X)                                                         \
-    X(NotEstablished, "not_established") /* a socket had its FIN or RST already: splice */   \
-    X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */     \
-    X(InsertRace, "insert_race")         /* bytes came while only one socket was in: copy */ \
+// Why a sockmap connection is relayed by another data path.
+#define ZCRELAY_SOCKMAP_FALLBACKS(X)                                                       \
+    X(NotEstablished, "not_established") /* a socket had its FIN or RST already: splice */ \
+    X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */   \
     X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */
 
 #define ZCRELAY_ENUM_ITEM(name, label) name,

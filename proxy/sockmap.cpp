@@ -88,12 +88,14 @@ Sockmap::~Sockmap() {
     if (skel_) relay_bpf::destroy(skel_);
 }
 
-Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index) {
+Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index, uint64_t limit) {
+    // No verdict runs for this record until the socket is inserted, after the update below.
     zcr_sock_stats& r = records_[index];
     storeRelaxed(r.redirected, __u64{0});
     storeRelaxed(r.passed, __u64{0});
-    storeRelaxed(r.pass, __u32{0});
-    storeRelaxed(r.zero_len, __u32{0});
+    storeRelaxed(r.consumed, __u64{0});
+    storeRelaxed(r.limit, __u64{limit});
+    storeRelaxed(r.zero_len, __u64{0});
     zcr_link l{peer_cookie, index, 0};
     if (bpf_map_update_elem(links_fd_, &cookie, &l, BPF_ANY) != 0)
         return sysError("bpf_map_update_elem(zcr_links)");

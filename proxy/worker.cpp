@@ -73,13 +73,15 @@ int64_t tickFor(const Config& config) {
 }  // namespace
 
 Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds,
-               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base)
+               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base,
+               uint64_t send_buffer_max)
     : id_(id),
       config_(config),
       name_("w" + std::to_string(id)),
       max_conns_(max_conns),
       sockmap_(sockmap),
       sockmap_base_(sockmap_base),
+      send_buffer_max_(send_buffer_max),
       stats_(config.listeners.size()) {
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
@@ -182,6 +184,9 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             return;
         case Op::Tick:
             onTick();
+            return;
+        case Op::SockmapScan:
+            onSockmapScan();
             return;
         case Op::Accept:
             onAccept(ud.slot, cqe->res, cqe->flags);
@@ -522,7 +527,7 @@ void Worker::startDirection(Conn& c, uint32_t slot, int d) {
             advanceCopy(c, slot, d);
             break;
         case DataPath::Sockmap:
-            armWatch(c, slot, d);
+            startRedirecting(c, slot, d);
             break;
     }
 }
@@ -561,6 +566,7 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         for (int i = 0; i < 2; ++i)
             if (c.in_map[i]) stats_.sockmap_sockets.sub();
         tearDownPair(*sockmap_, c);
+        --sockmap_conns_;
     }
     for (int d = 0; d < 2; ++d) {
         if (!c.dir[d].barrier_armed) continue;
@@ -711,7 +717,10 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
 void Worker::startSockmap(Conn& c, uint32_t slot) {
     PairSetUp r;
     if (slot < max_conns_) {
-        r = setUpPair(*sockmap_, c, sockmap_base_ + 2 * slot);
+        // In flight per direction: what the peer's send queue can hold plus one pipe's worth,
+        // the most splice would have the kernel hold for a direction.
+        uint64_t limit = send_buffer_max_ + config_.listeners[c.listener].pipe_size;
+        r = setUpPair(*sockmap_, c, sockmap_base_ + 2 * slot, limit);
     } else {
         // Slots stay below max_conns (the fd budget bounds live connections); defensive.
         r.fell_back = true;
@@ -720,6 +729,9 @@ void Worker::startSockmap(Conn& c, uint32_t slot) {
     }
     for (int i = 0; i < 2; ++i)
         if (c.in_map[i]) stats_.sockmap_sockets.add();
+    if (c.linked[0] || c.linked[1]) {
+        if (sockmap_conns_++ == 0) armSockmapScan();
+    }
     if (r.fell_back) {
         stats_.listeners[c.listener].sockmap_fallbacks[idx(r.reason)].add();
         LOG_DEBUG("%s: sockmap fallback %s", config_.listeners[c.listener].name.c_str(),
@@ -727,10 +739,26 @@ void Worker::startSockmap(Conn& c, uint32_t slot) {
     }
 }
 
+bool Worker::hasPassedBytes(const Conn& c, int d) const {
+    return loadRelaxed(sockmap_->record(c.record + d).passed) > c.dir[d].taken;
+}
+
+void Worker::startRedirecting(Conn& c, uint32_t slot, int d) {
+    Direction& dir = c.dir[d];
+    if (hasPassedBytes(c, d)) {
+        startCatchUp(c, slot, d);
+    } else if (dir.src_hup) {
+        sockmapEof(c, slot, d);  // the FIN came while we were moving passed bytes
+    } else {
+        armWatch(c, slot, d);
+    }
+}
+
 void Worker::onSockmapWatch(Conn& c, uint32_t slot, int d, int res) {
-    if (c.dir[d].finished) {
-        // The error watch of a finished source (see sockmapBarrier): POLLHUP alone means its
-        // writing side was shut too, i.e. the connection is done.
+    Direction& dir = c.dir[d];
+    if (dir.finished) {
+        // The error watch of a finished source (see sockmapFinBarrier): POLLHUP alone means
+        // its writing side was shut too, i.e. the connection is done.
         if (res & POLLERR) failDirection(c, slot, d, true, ECONNRESET);
         return;
     }
@@ -750,7 +778,9 @@ void Worker::onSockmapWatch(Conn& c, uint32_t slot, int d, int res) {
         armWatch(c, slot, d);
         return;
     }
-    c.dir[d].src_hup = true;
+    dir.src_hup = true;
+    // Moving passed bytes: the copy path reads the FIN in order after them.
+    if (dir.catching_up || dir.user_copy) return;
     sockmapEof(c, slot, d);
 }
 
@@ -758,39 +788,60 @@ void Worker::sockmapEof(Conn& c, uint32_t slot, int d) {
     SockmapEof e = checkEof(c.fd[d], c.dir[1 - d].finished);
     switch (e.kind) {
         case SockmapEof::Eof:
+            if (hasPassedBytes(c, d)) {
+                // See onRecv: passed bytes still on their way; they come first.
+                startCatchUp(c, slot, d);
+                return;
+            }
             c.dir[d].eof = true;
             c.dir[d].barrier_step = 0;
-            sockmapBarrier(c, slot, d);
+            sockmapFinBarrier(c, slot, d);
             return;
         case SockmapEof::Again:
-            armBarrier(c, slot, d);
+            armBarrier(c, slot, d, true);
             return;
-        case SockmapEof::Passed: {
-            // The program passed bytes after set-up: its peer left the map, which only
-            // teardown does. If it never redirected a byte, copying keeps the order; if it
-            // did, the order of what is in flight is unknowable and the stream is broken.
-            const zcr_sock_stats& rec = sockmap_->record(c.record + d);
-            if (loadRelaxed(rec.redirected) == 0) {
-                stats_.listeners[c.listener]
-                    .sockmap_fallbacks[idx(SockmapFallback::InsertRace)]
-                    .add();
-                c.dir[d].path = DataPath::Copy;
-                advanceCopy(c, slot, d);
-            } else {
-                LOG_ERROR("%s: sockmap passed bytes after redirecting some; closing",
-                          config_.listeners[c.listener].name.c_str());
-                closeConn(c, slot, CloseReason::Error);
-            }
+        case SockmapEof::Passed:
+            startCatchUp(c, slot, d);
             return;
-        }
         case SockmapEof::Failed:
             failDirection(c, slot, d, true, e.error);
             return;
     }
 }
 
-void Worker::sockmapBarrier(Conn& c, uint32_t slot, int d) {
-    SockmapBarrier b = checkBarrier(c.fd[d], c.fd[1 - d]);
+void Worker::startCatchUp(Conn& c, uint32_t slot, int d) {
+    Direction& dir = c.dir[d];
+    if (dir.catching_up || dir.user_copy) return;
+    dir.catching_up = true;
+    dir.barrier_step = 0;
+    stats_.listeners[c.listener].sockmap_catchups.add();
+    catchUp(c, slot, d);
+}
+
+void Worker::catchUp(Conn& c, uint32_t slot, int d) {
+    // The program stopped redirecting when it passed the first of these bytes, so the
+    // redirected count is final: once dst has queued all of it (and what we sent before), the
+    // passed bytes go next, by copy.
+    Direction& dir = c.dir[d];
+    uint64_t expected = loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.consumed;
+    SockmapBarrier b = checkQueued(c.fd[1 - d], expected);
+    switch (b.kind) {
+        case SockmapBarrier::Done:
+            dir.catching_up = false;
+            dir.user_copy = true;
+            advanceCopy(c, slot, d);
+            return;
+        case SockmapBarrier::Wait:
+            waitBarrier(c, slot, d, b.remaining);
+            return;
+        case SockmapBarrier::Failed:
+            failDirection(c, slot, d, b.on_src, b.error);
+            return;
+    }
+}
+
+void Worker::sockmapFinBarrier(Conn& c, uint32_t slot, int d) {
+    SockmapBarrier b = checkFinBarrier(c.fd[d], c.fd[1 - d]);
     switch (b.kind) {
         case SockmapBarrier::Done:
             foldSockmapBytes(c);
@@ -804,13 +855,7 @@ void Worker::sockmapBarrier(Conn& c, uint32_t slot, int d) {
             }
             return;
         case SockmapBarrier::Wait:
-            // A slow reader on dst holds the psock's backlog: that is progress, not idleness,
-            // as long as the backlog shrinks.
-            if (b.remaining != c.dir[d].bpf_barrier_left) {
-                c.dir[d].bpf_barrier_left = b.remaining;
-                c.last_active_ms = now_ms_;
-            }
-            armBarrier(c, slot, d);
+            waitBarrier(c, slot, d, b.remaining);
             return;
         case SockmapBarrier::Failed:
             failDirection(c, slot, d, b.on_src, b.error);
@@ -818,7 +863,18 @@ void Worker::sockmapBarrier(Conn& c, uint32_t slot, int d) {
     }
 }
 
-void Worker::armBarrier(Conn& c, uint32_t slot, int d) {
+void Worker::waitBarrier(Conn& c, uint32_t slot, int d, uint64_t remaining) {
+    // A slow reader on dst holds the psock's backlog: that is progress, not idleness, as long
+    // as the backlog shrinks, and the next look comes as soon; only a stall backs off.
+    bool progress = remaining != c.dir[d].barrier_left;
+    if (progress) {
+        c.dir[d].barrier_left = remaining;
+        c.last_active_ms = now_ms_;
+    }
+    armBarrier(c, slot, d, !progress);
+}
+
+void Worker::armBarrier(Conn& c, uint32_t slot, int d, bool back_off) {
     // Read by the kernel when the SQE is submitted, so they must outlive this call.
     // 1 ms first: at the end of a 100 MiB burst the backlog took 6-20 ms to drain. Doubling
     // to 32 ms bounds both the latency added to a FIN and the polling of a stalled reader.
@@ -827,18 +883,49 @@ void Worker::armBarrier(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
     if (dir.barrier_armed) return;
     uint8_t step = std::min<uint8_t>(dir.barrier_step, std::size(kWaits) - 1);
-    if (dir.barrier_step < 255) ++dir.barrier_step;
+    if (back_off && dir.barrier_step + 1u < std::size(kWaits)) ++dir.barrier_step;
     io_uring_sqe* sqe = sqeFor(c, slot, Op::Barrier, d);
     io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kWaits[step]), 0, 0);
     dir.barrier_armed = true;
 }
 
 void Worker::onBarrier(Conn& c, uint32_t slot, int d) {
-    if (c.dir[d].path != DataPath::Sockmap || c.dir[d].finished) return;
-    if (c.dir[d].eof)
-        sockmapBarrier(c, slot, d);
+    Direction& dir = c.dir[d];
+    if (dir.path != DataPath::Sockmap || dir.finished) return;
+    if (dir.catching_up)
+        catchUp(c, slot, d);
+    else if (dir.user_copy)
+        advanceCopy(c, slot, d);
+    else if (dir.eof)
+        sockmapFinBarrier(c, slot, d);
     else
         sockmapEof(c, slot, d);
+}
+
+void Worker::armSockmapScan() {
+    static constexpr __kernel_timespec kScan = {0, 10000000};
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kScan), 0, 0);
+    io_uring_sqe_set_data64(sqe, UserData{Op::SockmapScan}.pack());
+}
+
+void Worker::onSockmapScan() {
+    // The program never wakes us: passed bytes are found by reading the records, which are
+    // mapped into our memory, so a scan costs no syscall (~2 ns per connection). While passed
+    // bytes wait, their socket's receive window closes: the scan period bounds that stall.
+    if (sockmap_conns_ == 0) return;  // the last one closed: armed again by the next
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state != ConnState::Relaying) continue;
+        for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
+            Direction& dir = c.dir[d];
+            if (dir.path != DataPath::Sockmap || dir.catching_up || dir.user_copy || dir.eof ||
+                dir.finished)
+                continue;
+            if (hasPassedBytes(c, d)) startCatchUp(c, slot, d);
+        }
+    }
+    armSockmapScan();
 }
 
 void Worker::foldSockmapBytes(Conn& c) {
@@ -857,6 +944,25 @@ void Worker::foldSockmapBytes(Conn& c) {
 void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
     CopyNext next = copyNext(dir);
+    if (dir.path == DataPath::Sockmap) {
+        // Moving passed bytes: read only what the program passed. A recv armed with nothing
+        // passed would sit on a socket whose bytes the kernel redirects, woken by each skb.
+        next.arm_recv = next.arm_recv && hasPassedBytes(c, d);
+        if (next.finish) {
+            // The FIN: after the kernel's backlog, like any sockmap FIN.
+            dir.user_copy = false;
+            dir.barrier_step = 0;
+            sockmapFinBarrier(c, slot, d);
+            return;
+        }
+        if (!next.arm_send && !next.arm_recv && !dir.send_armed && !dir.recv_armed &&
+            dir.queue.empty() && !dir.eof) {
+            // Caught up (consumed == passed): the program redirects again from the next skb.
+            dir.user_copy = false;
+            startRedirecting(c, slot, d);
+            return;
+        }
+    }
     if (next.arm_send) {
         prepCopySend(sqeFor(c, slot, Op::Send, d), c.fd[1 - d], *bufs_, dir.queue.front());
         dir.send_armed = true;
@@ -884,8 +990,19 @@ void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
     if (res > 0) {
         dir.queue.push(CopyChunk{bid, static_cast<uint32_t>(res), 0});
         c.last_active_ms = now_ms_;
+        dir.taken += static_cast<uint64_t>(res);
     } else {
         if (has_buffer) bufs_->recycle(bid);
+        if (res == 0 && dir.path == DataPath::Sockmap && hasPassedBytes(c, d)) {
+            // Not the end yet. A passed skb that finds its psock's queue busy (with the other
+            // direction's bytes on their way out of this socket) is delivered later by the
+            // psock worker, and the FIN behind it can be seen first: recvmsg() returns 0
+            // while the program's count says bytes are missing (measured, 1 in ~30 runs of
+            // 200 concurrent echoes). The recv would keep returning 0 at once, so look again
+            // on a timer until they arrived.
+            armBarrier(c, slot, d, true);
+            return;
+        }
         if (res == 0) {
             dir.eof = true;
         } else if (res == -ENOBUFS) {
@@ -915,6 +1032,12 @@ void Worker::onSend(Conn& c, uint32_t slot, int d, int res) {
         CopyChunk& chunk = dir.queue.front();
         chunk.sent += static_cast<uint32_t>(res);
         addBytes(c, d, static_cast<uint64_t>(res));
+        if (dir.path == DataPath::Sockmap) {
+            // Queued on dst: the program may redirect again once all passed bytes are.
+            dir.consumed += static_cast<uint64_t>(res);
+            storeRelaxed(sockmap_->record(c.record + d).consumed, __u64{dir.consumed});
+            stats_.listeners[c.listener].sockmap_copied.add(static_cast<uint64_t>(res));
+        }
         if (chunk.sent == chunk.len) {
             bufs_->recycle(chunk.bid);
             buffers_freed_ = true;

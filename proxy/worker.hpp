@@ -30,9 +30,9 @@ class Worker {
     // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
     // worker's share of the process's fd budget, in connections (2 fds each). `sockmap`
     // (shared, may be null) holds records [sockmap_base, sockmap_base + 2 * max_conns) for
-    // this worker: two per connection slot.
+    // this worker: two per connection slot. `send_buffer_max`: net.ipv4.tcp_wmem's maximum.
     Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns,
-           Sockmap* sockmap, uint32_t sockmap_base);
+           Sockmap* sockmap, uint32_t sockmap_base, uint64_t send_buffer_max);
     ~Worker();
 
     // Starts the thread; the future resolves once the ring is up and accepting (or failed).
@@ -98,11 +98,20 @@ class Worker {
 
     // Sockmap path.
     void startSockmap(Conn& c, uint32_t slot);
+    bool hasPassedBytes(const Conn& c, int d) const;
+    // Back to the kernel path: watch for the FIN, unless passed bytes or the FIN wait.
+    void startRedirecting(Conn& c, uint32_t slot, int d);
     void onSockmapWatch(Conn& c, uint32_t slot, int d, int res);
     void sockmapEof(Conn& c, uint32_t slot, int d);
-    void sockmapBarrier(Conn& c, uint32_t slot, int d);
-    void armBarrier(Conn& c, uint32_t slot, int d);
+    void startCatchUp(Conn& c, uint32_t slot, int d);
+    void catchUp(Conn& c, uint32_t slot, int d);
+    void sockmapFinBarrier(Conn& c, uint32_t slot, int d);
+    void waitBarrier(Conn& c, uint32_t slot, int d, uint64_t remaining);
+    // A timer for onBarrier; `back_off`: wait longer than last time (nothing moved).
+    void armBarrier(Conn& c, uint32_t slot, int d, bool back_off);
     void onBarrier(Conn& c, uint32_t slot, int d);
+    void armSockmapScan();
+    void onSockmapScan();
     // Adds what the program counted since the last look to the byte metrics.
     void foldSockmapBytes(Conn& c);
 
@@ -124,6 +133,7 @@ class Worker {
     const uint32_t max_conns_;
     Sockmap* const sockmap_;
     const uint32_t sockmap_base_;
+    const uint64_t send_buffer_max_;  // tcp_wmem[2]: the most a peer's send queue may hold
     WorkerStats stats_;
     std::vector<ListenerState> listeners_;
     UniqueFd wake_fd_;
@@ -151,6 +161,7 @@ class Worker {
     __kernel_timespec tick_{};
     int64_t now_ms_ = 0;
     int64_t tick_ms_ = 100;
+    uint32_t sockmap_conns_ = 0;           // connections with records; the scan runs while > 0
     int64_t emfile_logged_ms_ = -1000000;  // rate limit for the EMFILE warning
     uint32_t emfile_unlogged_ = 0;
     bool accept_paused_ = false;   // listeners paused for want of fds (not for draining)

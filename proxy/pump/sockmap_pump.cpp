@@ -33,7 +33,7 @@ int peek(int fd) {
 
 }  // namespace
 
-PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
+PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base, uint64_t limit) {
     PairSetUp out;
     auto fallBack = [&](SockmapFallback why, DataPath p0, DataPath p1) {
         out.fell_back = true;
@@ -56,7 +56,7 @@ PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
     }
     c.record = index_base;
     for (int i = 0; i < 2; ++i) {
-        if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i)) {
+        if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i, limit)) {
             tearDownPair(map, c);
             return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
         }
@@ -69,27 +69,17 @@ PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base) {
     c.in_map[1] = true;
     if (!map.insert(c.fd[0], c.cookie[0])) {
         // The upstream socket stays in: a verdict may already have passed bytes to it, and
-        // taking it out would purge them with its psock. It passes everything from now on
-        // (upstream -> client by copy); client -> upstream never entered the kernel path.
-        storeRelaxed(map.record(index_base + 1).pass, __u32{1});
+        // taking it out would purge them with its psock. With its peer never in the map, the
+        // program passes all it receives: upstream -> client moves by copy. Client ->
+        // upstream never entered the kernel path: splice.
         fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Copy);
     } else {
         c.in_map[0] = true;
         c.dir[0].path = DataPath::Sockmap;
         c.dir[1].path = DataPath::Sockmap;
     }
-    for (int i = 0; i < 2; ++i) {
-        if (!c.in_map[i]) continue;
-        peek(c.fd[i]);
-        // A direction whose socket passed bytes during the window never redirected one (its
-        // peer was not in the map yet), so moving all of it by copy keeps the order.
-        if (loadRelaxed(map.record(index_base + i).pass) != 0 &&
-            c.dir[i].path == DataPath::Sockmap) {
-            c.dir[i].path = DataPath::Copy;
-            out.fell_back = true;
-            out.reason = SockmapFallback::InsertRace;
-        }
-    }
+    for (int i = 0; i < 2; ++i)
+        if (c.in_map[i]) peek(c.fd[i]);
     return out;
 }
 
@@ -111,17 +101,21 @@ SockmapEof checkEof(int src, bool src_write_shut) {
     return {SockmapEof::Failed, -n};
 }
 
-SockmapBarrier checkBarrier(int src, int dst) {
-    tcp_info in{}, out{};
-    if (!tcpInfo(src, in)) return {SockmapBarrier::Failed, true, errno, 0};
+SockmapBarrier checkQueued(int dst, uint64_t bytes) {
+    tcp_info out{};
     if (!tcpInfo(dst, out)) return {SockmapBarrier::Failed, false, errno, 0};
-    // A reset dst will never take the rest: fail now rather than wait for the idle timeout.
     if (out.tcpi_state == kTcpClose) return {SockmapBarrier::Failed, false, ECONNRESET, 0};
-    // bytes_received counts the FIN as one byte. bytes_sent counts retransmissions again.
-    uint64_t received = in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0;
+    // bytes_sent counts retransmissions again; notsent_bytes is still in the send queue.
     uint64_t queued = out.tcpi_bytes_sent - out.tcpi_bytes_retrans + out.tcpi_notsent_bytes;
-    if (queued >= received) return {SockmapBarrier::Done, false, 0, 0};
-    return {SockmapBarrier::Wait, false, 0, received - queued};
+    if (queued >= bytes) return {SockmapBarrier::Done, false, 0, 0};
+    return {SockmapBarrier::Wait, false, 0, bytes - queued};
+}
+
+SockmapBarrier checkFinBarrier(int src, int dst) {
+    tcp_info in{};
+    if (!tcpInfo(src, in)) return {SockmapBarrier::Failed, true, errno, 0};
+    // bytes_received counts the FIN as one byte.
+    return checkQueued(dst, in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0);
 }
 
 }  // namespace zcrelay

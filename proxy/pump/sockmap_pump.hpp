@@ -1,32 +1,33 @@
 #pragma once
 // The in-kernel data path: both sockets of a connection in the SOCKHASH of bpf/relay.bpf.c, the
 // bytes redirected from one's receive path to the other's egress without waking user space.
-// What user space still does, and what the kernel does that forces each step (all measured on
-// 6.18, see ../shared/notes/kernel-datapath.md):
+// What user space still does, and what the kernel does that forces each step (measured on
+// 6.18; ../shared/notes/kernel-datapath.md and bpf/relay_shared.h):
 //
 // Set-up (setUpPair):
 //   - Only ESTABLISHED sockets may enter the map, so a client that already sent its FIN (a
 //     request and SHUT_WR before the upstream answered) is relayed by splice instead.
-//   - Links go in before sockets, the upstream socket before the client's: a verdict runs only
-//     on a socket already in the map, and a peer missing from the map makes the redirect fail.
-//     The program then passes the bytes to the socket itself and keeps passing (sticky), so
-//     the direction is moved by copy from user space, in order. The upstream rarely sends
-//     in the microseconds between the two inserts; a client bursting its request often does,
-//     so it goes second.
+//   - Links go in before sockets, the upstream socket before the client's. A verdict runs only
+//     on a socket already in the map; if its peer is not in yet, the program passes the bytes
+//     instead (see "passed bytes"). The upstream rarely sends in the microseconds between the
+//     two inserts; a client bursting its request often does, so it goes second.
 //   - Bytes that arrived before insertion sit in the receive queue and run through the
 //     verdict only when the next segment arrives: a request waiting for its answer would wait
 //     forever. A recv(MSG_PEEK) runs the queue through the verdict in order
-//     (tcp_bpf_recvmsg_parser() calls tcp_data_ready()) and, holding the socket lock,
-//     also waits out a verdict still running in softirq, so the sticky flag read after it
-//     is final for the set-up window.
+//     (tcp_bpf_recvmsg_parser() calls tcp_data_ready()) and, since it takes the socket lock,
+//     also waits out a verdict still running in softirq.
 // Relaying: the worker watches each source for POLLRDHUP only. POLLIN would wake it once per
 //   redirected skb (every redirect still calls the socket's saved data_ready): ~0.7 CPU s/GiB
 //   of wake-ups that find nothing to read.
-// FIN (checkEof, checkBarrier): a FIN is not redirected. After POLLRDHUP, a peek returning 0
-//   confirms the end of the stream; shutdown(dst, SHUT_WR) must then wait until every byte
-//   the verdict redirected has left the psock's backlog for dst's send queue. Shutting down at
-//   once delivered 28-83 MB of 100 MiB. The barrier: dst has queued (sent - retransmitted +
-//   not yet sent) as many bytes as src received, FIN excluded.
+// Passed bytes: when the peer is missing or too much is in flight towards it, the program
+//   leaves bytes on their socket, in order, and keeps doing so until user space has moved them
+//   all (record.consumed == record.passed). The worker notices (a scan of the records every
+//   10 ms, or the peek at EOF), waits until the peer has queued everything redirected before
+//   them (checkQueued), then moves them by copy; the kernel path resumes on its own after.
+// FIN: a FIN is not redirected. After POLLRDHUP, a peek returning 0 confirms the end of the
+//   stream (checkEof); shutdown(dst, SHUT_WR) must then wait until every byte src received
+//   has left the psock's backlog for dst's send queue (checkFinBarrier). Shutting down at once
+//   delivered 28-83 MB of 100 MiB.
 // Teardown: both sockets leave the map before close(). A read that returns EPIPE on a socket
 //   whose writing side is already shut down is the psock's failed late send, not an error.
 #include <cstdint>
@@ -38,14 +39,15 @@
 namespace zcrelay {
 
 struct PairSetUp {
-    bool fell_back = false;  // not every direction is DataPath::Sockmap; reason says why
+    bool fell_back = false;  // reason says why; the directions' paths are set either way
     SockmapFallback reason = SockmapFallback::NotEstablished;
 };
 
-// Links and inserts c's two sockets (records index_base, index_base + 1) and sets each
-// direction's path: Sockmap, or Splice/Copy where the kernel would not take it. Any socket it
-// inserted is marked in c.in_map and must go through tearDownPair() before close().
-PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base);
+// Links and inserts c's two sockets (records index_base, index_base + 1, each allowing `limit`
+// bytes in flight) and sets each direction's path: Sockmap, or Splice/Copy where the kernel
+// would not take it. Every socket it linked is marked in c.linked / c.in_map and must go
+// through tearDownPair() before close().
+PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base, uint64_t limit);
 
 // Takes c's sockets out of the maps. Idempotent.
 void tearDownPair(Sockmap& map, Conn& c);
@@ -53,7 +55,7 @@ void tearDownPair(Sockmap& map, Conn& c);
 struct SockmapEof {
     enum Kind : uint8_t {
         Eof,     // src's stream ended; every byte before the FIN went through the verdict
-        Passed,  // src has bytes waiting for user space (the sticky pass): move them by copy
+        Passed,  // src has passed bytes waiting for user space: move them first
         Again,   // the receive queue could not be run through the verdict yet: ask again
         Failed,  // error, an errno
     };
@@ -70,11 +72,14 @@ struct SockmapBarrier {
     Kind kind = Wait;
     bool on_src = false;     // Failed: which socket
     int error = 0;           // Failed: errno
-    uint64_t remaining = 0;  // Wait: bytes src received that dst has not queued yet
+    uint64_t remaining = 0;  // Wait: bytes not queued on dst yet
 };
 
-// Whether dst has queued every byte src received, so a FIN written now comes after all of
-// them. Two getsockopt(TCP_INFO).
-SockmapBarrier checkBarrier(int src, int dst);
+// Whether dst has queued (sent - retransmitted + not yet sent) at least `bytes`. One
+// getsockopt(TCP_INFO); a reset dst fails at once rather than waiting for the idle timeout.
+SockmapBarrier checkQueued(int dst, uint64_t bytes);
+// After checkEof said Eof: whether dst has queued every byte src received, so a FIN written
+// now comes after all of them. bytes_received is the kernel's count, independent of ours.
+SockmapBarrier checkFinBarrier(int src, int dst);
 
 }  // namespace zcrelay

@@ -25,7 +25,8 @@ enum class Op : uint8_t {
     Watch,           // POLLRDHUP on a source not being read: notices an RST while dst is full
     Recv,            // copy path: recv into a provided buffer
     Send,            // copy path: send from a provided buffer
-    Barrier,         // sockmap: a timer to look at the FIN barrier (or the EOF) again
+    Barrier,         // sockmap: a timer to look at a barrier (or the EOF) again
+    SockmapScan,     // sockmap: the worker's timer to look for passed bytes
 };
 
 struct UserData {
