@@ -15,7 +15,8 @@ struct zcr_link {
 
 /* zcr_stats: one record per relayed socket, in an mmap()ed array, so user space reads the
  * counters with plain loads and never a syscall. Written by the program: redirected, passed,
- * zero_len. Written by user space: consumed, limit (and all of it at link time).
+ * replayed, skip_at, skip_len, next_seq, flags. Written by user space: consumed, limit,
+ * skip_len back to 0 (and all of it at link time).
  *
  * The program redirects a socket's skb to its peer only while
  *   - the peer is in zcr_socks,
@@ -28,9 +29,17 @@ struct zcr_link {
 struct zcr_sock_stats {
 	__u64 redirected; /* bytes received here and queued on the peer's egress */
 	__u64 passed;     /* bytes received here and left on this socket for user space */
-	__u64 consumed;   /* of those, bytes user space has queued on the peer */
+	__u64 consumed;   /* of those, bytes user space has queued on the peer (or skipped) */
 	__u64 limit;      /* bytes in flight towards the peer before the program passes */
-	__u64 zero_len;   /* FIN-only skbs seen (they carry no byte and are not redirected) */
+	__u64 replayed;   /* skbs the verdict saw a second time, whole (dropped) or in part */
+	__u64 skip_at;    /* offset in the passed bytes where skip_len bytes seen before start */
+	__u32 skip_len;   /* 0: no skip pending; user space clears it once applied */
+	__u32 next_seq;   /* TCP sequence number after the last byte the verdict handled */
+	__u32 flags;      /* ZCR_SEQ_VALID, ZCR_BROKEN */
+	__u32 pad;
 };
+
+#define ZCR_SEQ_VALID 1u /* next_seq is set */
+#define ZCR_BROKEN 2u    /* an skb skipped bytes, or a second overlap came: the stream is lost */
 
 #endif

@@ -85,7 +85,8 @@ struct Direction {
     uint8_t barrier_step = 0;    // how many times it waited in a row (the back-off)
     uint64_t bpf_seen = 0;       // record.redirected already added to the metrics
     uint64_t taken = 0;          // passed bytes received by user space
-    uint64_t consumed = 0;       // of those, bytes sent to dst (mirrored into the record)
+    uint64_t consumed = 0;       // of those, bytes sent to dst or skipped (mirrored in the record)
+    uint64_t copied = 0;         // of those, bytes sent to dst
     uint64_t barrier_left = 0;   // bytes the barrier still waited for last time
 
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }

@@ -97,6 +97,13 @@ class Collector : public prometheus::Collectable {
                       "Bytes of sockmap connections moved by user space instead of the kernel "
                       "redirect (also in zcrelay_bytes_total).",
                       MetricType::Counter);
+        Family replays("zcrelay_sockmap_replays_total",
+                       "skbs the kernel ran through the sockmap verdict a second time (a 6.18 "
+                       "behaviour after bytes were passed to user space); their bytes are "
+                       "dropped, never relayed twice.",
+                       MetricType::Counter);
+        Family skipped("zcrelay_sockmap_skipped_bytes_total",
+                       "Bytes of replayed skbs dropped by user space.", MetricType::Counter);
         Family sockmap_fallbacks(
             "zcrelay_sockmap_fallbacks_total",
             "Sockmap connections relayed by splice instead, by reason: not_established (a FIN "
@@ -118,6 +125,12 @@ class Collector : public prometheus::Collectable {
             catchups.add({{"listener", name}}, sum([i](const WorkerStats& w) {
                              return w.listeners[i].sockmap_catchups.get();
                          }));
+            replays.add({{"listener", name}}, sum([i](const WorkerStats& w) {
+                            return w.listeners[i].sockmap_replays.get();
+                        }));
+            skipped.add({{"listener", name}}, sum([i](const WorkerStats& w) {
+                            return w.listeners[i].sockmap_skipped.get();
+                        }));
             copied.add({{"listener", name}}, sum([i](const WorkerStats& w) {
                            return w.listeners[i].sockmap_copied.get();
                        }));
@@ -184,8 +197,8 @@ class Collector : public prometheus::Collectable {
 
         std::vector<MetricFamily> out;
         for (Family* f : {&conns, &active, &bytes, &failures, &closed, &datapath, &fallbacks,
-                          &sockmap_fallbacks, &catchups, &copied, &per_worker, &in_use, &cached,
-                          &sockmap_sockets, &paused, &threads, &info})
+                          &sockmap_fallbacks, &catchups, &copied, &replays, &skipped, &per_worker,
+                          &in_use, &cached, &sockmap_sockets, &paused, &threads, &info})
             out.push_back(f->take());
         return out;
     }

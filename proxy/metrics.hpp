@@ -47,6 +47,8 @@ struct ListenerStats {
     std::array<StatCounter, idx(SockmapFallback::kCount)> sockmap_fallbacks;
     StatCounter sockmap_catchups;  // times a sockmap direction had passed bytes to move
     StatCounter sockmap_copied;    // bytes the program passed and user space moved
+    StatCounter sockmap_replays;   // skbs the verdict saw again (relay.bpf.c)
+    StatCounter sockmap_skipped;   // bytes of those that user space dropped
 };
 
 struct WorkerStats {

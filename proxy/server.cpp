@@ -15,16 +15,6 @@ constexpr uint64_t kReservedFds = 64;
 // Sockets the sockmap can hold (24 B of mmap()ed counters and a hash entry each): past
 // RLIMIT_NOFILE 1M the surplus connections run splice (counted as no_record).
 constexpr uint64_t kMaxSockmapRecords = 1u << 21;
-// net.ipv4.tcp_wmem's third field: how large a socket's send queue may grow.
-uint64_t sendBufferMax() {
-    unsigned long long lo = 0, def = 0, max = 4 << 20;
-    if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_wmem", "r")) {
-        if (std::fscanf(f, "%llu %llu %llu", &lo, &def, &max) != 3) max = 4 << 20;
-        std::fclose(f);
-    }
-    return max;
-}
-
 }  // namespace
 
 tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
@@ -91,7 +81,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     for (unsigned w = 0; w < cfg.workers; ++w)
         server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]),
                                                             per_worker, server->sockmap_.get(),
-                                                            2 * per_worker * w, sendBufferMax()));
+                                                            2 * per_worker * w));
 
     if (cfg.metrics.enabled) {
         std::vector<const WorkerStats*> stats;

@@ -95,7 +95,11 @@ Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index
     storeRelaxed(r.passed, __u64{0});
     storeRelaxed(r.consumed, __u64{0});
     storeRelaxed(r.limit, __u64{limit});
-    storeRelaxed(r.zero_len, __u64{0});
+    storeRelaxed(r.replayed, __u64{0});
+    storeRelaxed(r.skip_at, __u64{0});
+    storeRelaxed(r.skip_len, __u32{0});
+    storeRelaxed(r.next_seq, __u32{0});
+    storeRelaxed(r.flags, __u32{0});
     zcr_link l{peer_cookie, index, 0};
     if (bpf_map_update_elem(links_fd_, &cookie, &l, BPF_ANY) != 0)
         return sysError("bpf_map_update_elem(zcr_links)");

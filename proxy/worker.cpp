@@ -73,15 +73,13 @@ int64_t tickFor(const Config& config) {
 }  // namespace
 
 Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds,
-               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base,
-               uint64_t send_buffer_max)
+               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base)
     : id_(id),
       config_(config),
       name_("w" + std::to_string(id)),
       max_conns_(max_conns),
       sockmap_(sockmap),
       sockmap_base_(sockmap_base),
-      send_buffer_max_(send_buffer_max),
       stats_(config.listeners.size()) {
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
@@ -562,6 +560,10 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     c.state = ConnState::Closing;
     if (c.linked[0] || c.linked[1]) {
         foldSockmapBytes(c);
+        for (int d = 0; d < 2; ++d)
+            if (c.linked[d])
+                stats_.listeners[c.listener].sockmap_replays.add(
+                    loadRelaxed(sockmap_->record(c.record + d).replayed));
         // Out of the maps before close(): see pump/sockmap_pump.hpp.
         for (int i = 0; i < 2; ++i)
             if (c.in_map[i]) stats_.sockmap_sockets.sub();
@@ -717,9 +719,10 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
 void Worker::startSockmap(Conn& c, uint32_t slot) {
     PairSetUp r;
     if (slot < max_conns_) {
-        // In flight per direction: what the peer's send queue can hold plus one pipe's worth,
-        // the most splice would have the kernel hold for a direction.
-        uint64_t limit = send_buffer_max_ + config_.listeners[c.listener].pipe_size;
+        // In flight per direction (the psock's backlog plus the peer's send queue): four pipes'
+        // worth, comparable to what splice has the kernel hold for a direction (one pipe plus
+        // the socket buffers). pipe_size is the one knob for both.
+        uint64_t limit = std::max<uint64_t>(4 * config_.listeners[c.listener].pipe_size, 64 * 1024);
         r = setUpPair(*sockmap_, c, sockmap_base_ + 2 * slot, limit);
     } else {
         // Slots stay below max_conns (the fd budget bounds live connections); defensive.
@@ -820,10 +823,10 @@ void Worker::startCatchUp(Conn& c, uint32_t slot, int d) {
 
 void Worker::catchUp(Conn& c, uint32_t slot, int d) {
     // The program stopped redirecting when it passed the first of these bytes, so the
-    // redirected count is final: once dst has queued all of it (and what we sent before), the
-    // passed bytes go next, by copy.
+    // redirected count is final: once dst has queued all of it (and what we copied before),
+    // the passed bytes go next, by copy.
     Direction& dir = c.dir[d];
-    uint64_t expected = loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.consumed;
+    uint64_t expected = loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.copied;
     SockmapBarrier b = checkQueued(c.fd[1 - d], expected);
     switch (b.kind) {
         case SockmapBarrier::Done:
@@ -841,9 +844,16 @@ void Worker::catchUp(Conn& c, uint32_t slot, int d) {
 }
 
 void Worker::sockmapFinBarrier(Conn& c, uint32_t slot, int d) {
+    if (sockmapBroken(c, slot)) return;
     SockmapBarrier b = checkFinBarrier(c.fd[d], c.fd[1 - d]);
     switch (b.kind) {
-        case SockmapBarrier::Done:
+        case SockmapBarrier::Done: {
+            const zcr_sock_stats& r = sockmap_->record(c.record + d);
+            LOG_WARN("DBG fin d%d R %llu P %llu replayed %llu flags %u sum %llu", d,
+                     (unsigned long long)r.redirected, (unsigned long long)r.passed,
+                     (unsigned long long)r.replayed, r.flags,
+                     (unsigned long long)(r.redirected + r.passed));
+        }
             foldSockmapBytes(c);
             ::shutdown(c.fd[1 - d], SHUT_WR);
             finishDirection(c, slot, d);
@@ -924,8 +934,43 @@ void Worker::onSockmapScan() {
                 continue;
             if (hasPassedBytes(c, d)) startCatchUp(c, slot, d);
         }
+        if (c.state == ConnState::Relaying) sockmapBroken(c, slot);
     }
     armSockmapScan();
+}
+
+uint32_t Worker::skipReplayed(Conn& c, int d, uint32_t len) {
+    Direction& dir = c.dir[d];
+    zcr_sock_stats& r = sockmap_->record(c.record + d);
+    uint32_t skip_len = loadRelaxed(r.skip_len);
+    uint64_t at = loadRelaxed(r.skip_at);
+    // Reads stop at skip_at (advanceCopy), so a skip starts at the head of a chunk.
+    if (skip_len == 0 || dir.taken < at || dir.taken >= at + skip_len) return 0;
+    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len, at + skip_len - dir.taken));
+    // Skipped bytes count as handled, or the program would wait for them forever.
+    dir.consumed += n;
+    storeRelaxed(r.consumed, __u64{dir.consumed});
+    if (dir.taken + n == at + skip_len) storeRelaxed(r.skip_len, __u32{0});
+    stats_.listeners[c.listener].sockmap_skipped.add(n);
+    return n;
+}
+
+bool Worker::sockmapBroken(Conn& c, uint32_t slot) {
+    for (int d = 0; d < 2; ++d) {
+        if (!c.linked[d] || !(loadRelaxed(sockmap_->record(c.record + d).flags) & ZCR_BROKEN))
+            continue;
+        // Never deliver a stream we know is wrong: both peers get an RST instead of a FIN.
+        LOG_ERROR(
+            "%s: the kernel gave the sockmap program a %s stream it cannot relay exactly; "
+            "resetting the connection",
+            config_.listeners[c.listener].name.c_str(), d == 0 ? "client" : "upstream");
+        linger lg{1, 0};
+        for (int fd : c.fd)
+            if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+        closeConn(c, slot, CloseReason::Error);
+        return true;
+    }
+    return false;
 }
 
 void Worker::foldSockmapBytes(Conn& c) {
@@ -968,7 +1013,16 @@ void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
         dir.send_armed = true;
     }
     if (next.arm_recv) {
-        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_);
+        uint32_t max_len = 0;
+        if (dir.path == DataPath::Sockmap) {
+            // A skip pending further on (see relay.bpf.c): read up to it, so that it starts
+            // at the head of a buffer.
+            const zcr_sock_stats& r = sockmap_->record(c.record + d);
+            uint64_t at = loadRelaxed(r.skip_at);
+            if (loadRelaxed(r.skip_len) != 0 && at > dir.taken)
+                max_len = static_cast<uint32_t>(std::min<uint64_t>(at - dir.taken, UINT32_MAX));
+        }
+        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_, max_len);
         dir.recv_armed = true;
     }
     if (dir.queue.full() && !dir.recv_armed) armWatch(c, slot, d);
@@ -988,9 +1042,16 @@ void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
         return;
     }
     if (res > 0) {
-        dir.queue.push(CopyChunk{bid, static_cast<uint32_t>(res), 0});
-        c.last_active_ms = now_ms_;
+        CopyChunk chunk{bid, static_cast<uint32_t>(res), 0};
+        if (dir.path == DataPath::Sockmap) chunk.sent = skipReplayed(c, d, chunk.len);
         dir.taken += static_cast<uint64_t>(res);
+        c.last_active_ms = now_ms_;
+        if (chunk.sent == chunk.len) {
+            bufs_->recycle(bid);
+            buffers_freed_ = true;
+        } else {
+            dir.queue.push(chunk);
+        }
     } else {
         if (has_buffer) bufs_->recycle(bid);
         if (res == 0 && dir.path == DataPath::Sockmap && hasPassedBytes(c, d)) {
@@ -1034,6 +1095,7 @@ void Worker::onSend(Conn& c, uint32_t slot, int d, int res) {
         addBytes(c, d, static_cast<uint64_t>(res));
         if (dir.path == DataPath::Sockmap) {
             // Queued on dst: the program may redirect again once all passed bytes are.
+            dir.copied += static_cast<uint64_t>(res);
             dir.consumed += static_cast<uint64_t>(res);
             storeRelaxed(sockmap_->record(c.record + d).consumed, __u64{dir.consumed});
             stats_.listeners[c.listener].sockmap_copied.add(static_cast<uint64_t>(res));

@@ -30,9 +30,9 @@ class Worker {
     // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
     // worker's share of the process's fd budget, in connections (2 fds each). `sockmap`
     // (shared, may be null) holds records [sockmap_base, sockmap_base + 2 * max_conns) for
-    // this worker: two per connection slot. `send_buffer_max`: net.ipv4.tcp_wmem's maximum.
+    // this worker: two per connection slot.
     Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns,
-           Sockmap* sockmap, uint32_t sockmap_base, uint64_t send_buffer_max);
+           Sockmap* sockmap, uint32_t sockmap_base);
     ~Worker();
 
     // Starts the thread; the future resolves once the ring is up and accepting (or failed).
@@ -112,6 +112,11 @@ class Worker {
     void onBarrier(Conn& c, uint32_t slot, int d);
     void armSockmapScan();
     void onSockmapScan();
+    // Drops what the program marked as seen before from the head of a chunk of `len` passed
+    // bytes just received; returns how many.
+    uint32_t skipReplayed(Conn& c, int d, uint32_t len);
+    // Resets c if the program found its stream beyond repair; true if it did.
+    bool sockmapBroken(Conn& c, uint32_t slot);
     // Adds what the program counted since the last look to the byte metrics.
     void foldSockmapBytes(Conn& c);
 
@@ -133,7 +138,6 @@ class Worker {
     const uint32_t max_conns_;
     Sockmap* const sockmap_;
     const uint32_t sockmap_base_;
-    const uint64_t send_buffer_max_;  // tcp_wmem[2]: the most a peer's send queue may hold
     WorkerStats stats_;
     std::vector<ListenerState> listeners_;
     UniqueFd wake_fd_;

@@ -16,7 +16,8 @@
 
 namespace zcrelay {
 
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs);
+// `max_len` (0: a whole buffer) caps what the recv may take.
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, uint32_t max_len = 0);
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk);
 
 // What a copy direction should have in flight next, given its queue.
