@@ -270,52 +270,6 @@ INSTANTIATE_TEST_SUITE_P(Modes, HalfCloseTest, ::testing::ValuesIn(kModes), mode
 // =============================================================================================
 // 3, 4. Upstream connect failures.
 
-// Adds `iptables -I INPUT -p tcp -i lo --dport PORT --tcp-flags SYN,ACK,FIN,RST SYN -j DROP` and
-// always deletes it again. Loopback only, one port.
-class SynDropRule {
-  public:
-    SynDropRule(std::string iptables, uint16_t port) : iptables_(std::move(iptables)), port_(port) {
-        CommandResult r = runCommand(args("-I"), Millis{15'000});
-        added_ = r.status.cleanExit();
-        if (!added_) error_ = r.describe();
-    }
-    ~SynDropRule() {
-        if (!added_) return;
-        CommandResult r = runCommand(args("-D"), Millis{15'000});
-        if (!r.status.cleanExit())
-            ADD_FAILURE() << "could not remove the iptables rule for port " << port_ << ": "
-                          << r.describe();
-    }
-    SynDropRule(const SynDropRule&) = delete;
-    SynDropRule& operator=(const SynDropRule&) = delete;
-    bool added() const { return added_; }
-    const std::string& error() const { return error_; }
-
-  private:
-    std::vector<std::string> args(const std::string& op) const {
-        return {iptables_,
-                "-w",
-                "5",
-                op,
-                "INPUT",
-                "-p",
-                "tcp",
-                "-i",
-                "lo",
-                "--dport",
-                std::to_string(port_),
-                "--tcp-flags",
-                "SYN,ACK,FIN,RST",
-                "SYN",
-                "-j",
-                "DROP"};
-    }
-    std::string iptables_;
-    uint16_t port_;
-    bool added_ = false;
-    std::string error_;
-};
-
 class ConnectFailureTest : public RelayModeTest {};
 
 TEST_P(ConnectFailureTest, RefusedUpstreamClosesClientPromptlyAndCountsRefused) {

@@ -270,6 +270,40 @@ std::optional<std::string> findExecutable(const std::string& name) {
     return std::nullopt;
 }
 
+SynDropRule::SynDropRule(std::string iptables, uint16_t port)
+    : iptables_(std::move(iptables)), port_(port) {
+    CommandResult r = runCommand(args("-I"), Millis{15'000});
+    added_ = r.status.cleanExit();
+    if (!added_) error_ = r.describe();
+}
+
+SynDropRule::~SynDropRule() {
+    if (!added_) return;
+    CommandResult r = runCommand(args("-D"), Millis{15'000});
+    if (!r.status.cleanExit())
+        ADD_FAILURE() << "could not remove the iptables rule for port " << port_ << ": "
+                      << r.describe();
+}
+
+std::vector<std::string> SynDropRule::args(const std::string& op) const {
+    return {iptables_,
+            "-w",
+            "5",
+            op,
+            "INPUT",
+            "-p",
+            "tcp",
+            "-i",
+            "lo",
+            "--dport",
+            std::to_string(port_),
+            "--tcp-flags",
+            "SYN,ACK,FIN,RST",
+            "SYN",
+            "-j",
+            "DROP"};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Config.
 
@@ -472,6 +506,7 @@ RelayProcess::~RelayProcess() {
     Fd write_end(p[1]);
 
     ChildProcess::Options opts;
+    opts.argv = launch_prefix_;
     opts.argv.push_back(kRelayBinary);
     opts.argv.insert(opts.argv.end(), args.begin(), args.end());
     opts.stdout_fd = write_end.get();
@@ -724,6 +759,10 @@ std::string RelayProcess::stdoutText() const {
 std::string RelayProcess::diagnostics() const {
     std::ostringstream os;
     os << "--- zcrelay pid " << pid() << ", binary " << kRelayBinary;
+    if (!launch_prefix_.empty()) {
+        os << ", launched through";
+        for (const std::string& a : launch_prefix_) os << " " << a;
+    }
     if (!config_path_.empty()) os << ", config " << config_path_;
     if (auto s = child_.status()) os << ", " << s->describe();
     os << "\n";

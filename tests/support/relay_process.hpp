@@ -1,7 +1,8 @@
 #pragma once
 // The real zcrelay binary as a test fixture: write a YAML config into a temp dir, fork/exec
 // ZCRELAY_BINARY, wait for "zcrelay: ready", learn the ports from stdout, scrape /metrics, look at
-// /proc/PID, stop it with SIGTERM. Also a small fork/exec helper for other programs (nc, iptables).
+// /proc/PID, stop it with SIGTERM. Also a small fork/exec helper for other programs (nc, iptables)
+// and an iptables rule that blackholes SYNs to one loopback port.
 //
 // Everything is bounded: start waits at most 15 s, scrapes 5 s, waits on metrics their timeout,
 // terminate() SIGKILLs after its timeout and records a test failure. Only the PID this fixture
@@ -117,6 +118,27 @@ CommandResult runCommand(const std::vector<std::string>& argv, Millis timeout = 
 // Full path of `name` on $PATH plus /usr/sbin and /sbin, or nullopt.
 std::optional<std::string> findExecutable(const std::string& name);
 
+// Adds `iptables -I INPUT -p tcp -i lo --dport PORT --tcp-flags SYN,ACK,FIN,RST SYN -j DROP` and
+// always deletes it again (at destruction; a failed delete is a test failure). Loopback only, one
+// port: a connect to PORT then hangs in SYN_SENT, retransmitting, until the rule goes.
+class SynDropRule {
+  public:
+    SynDropRule(std::string iptables, uint16_t port);
+    ~SynDropRule();
+    SynDropRule(const SynDropRule&) = delete;
+    SynDropRule& operator=(const SynDropRule&) = delete;
+    bool added() const { return added_; }
+    const std::string& error() const { return error_; }
+
+  private:
+    std::vector<std::string> args(const std::string& op) const;
+
+    std::string iptables_;
+    uint16_t port_;
+    bool added_ = false;
+    std::string error_;
+};
+
 // ---------------------------------------------------------------------------------------------
 // Relay configuration as the tests write it.
 
@@ -184,7 +206,7 @@ inline constexpr const char* kConnectFailureReasons[] = {"refused", "timeout", "
                                                          "addr_not_avail", "other"};
 inline constexpr const char* kPipeFallbackReasons[] = {"pool_exhausted", "pipe_limit", "emfile"};
 inline constexpr const char* kSockmapFallbackReasons[] = {"not_established", "insert_failed",
-                                                          "insert_race", "no_record"};
+                                                          "no_record"};
 
 inline Labels listener(const std::string& name = "t") { return {{"listener", name}}; }
 // direction: "upstream" (client -> upstream) or "downstream" (upstream -> client)
@@ -220,6 +242,11 @@ class RelayProcess {
     ::testing::AssertionResult start(const RelayConfig& config);
     // The next start() runs the relay with at most `limit` open files.
     void setNofileLimit(rlim_t limit) { nofile_limit_ = limit; }
+    // The next start() runs `prefix... ZCRELAY_BINARY ARGS...`: prefix[0] (a full path, see
+    // findExecutable) is exec'd instead of the relay, e.g. {setpriv, --bounding-set, -bpf, --}.
+    // The wrapper must exec the relay in place (same pid), as setpriv, env or taskset do: pid(),
+    // signals and /proc/PID then reach the relay itself.
+    void setLaunchPrefix(std::vector<std::string> prefix) { launch_prefix_ = std::move(prefix); }
     // Spawns `zcrelay ARGS...` (e.g. the --listen/--upstream shorthand) and waits for ready.
     ::testing::AssertionResult startWithArgs(const std::vector<std::string>& args);
 
@@ -270,6 +297,7 @@ class RelayProcess {
 
     TempDir dir_;
     std::optional<rlim_t> nofile_limit_;
+    std::vector<std::string> launch_prefix_;
     std::string config_path_;
     std::string stderr_path_;
     ChildProcess child_;
