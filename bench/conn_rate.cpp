@@ -35,6 +35,8 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_util.hpp"
+
 namespace {
 
 constexpr size_t kPayload = 64;
@@ -51,11 +53,7 @@ constexpr int64_t kConnDeadlineNs = 2'000'000'000;  // per connection, connect t
 // Longest epoll_wait: bounds how late a connection's 2 s deadline is noticed.
 constexpr int kPollMs = 20;
 
-int64_t nowNs() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+using bench::nowNs;
 
 enum class SlotState { Idle, Connecting, Reading };
 

@@ -33,3 +33,17 @@ pick_port() {
     done
     die "no free port in $PORT_BASE..$((PORT_BASE + 1999))"
 }
+
+# cleanup: stops every process the script started (the PIDs in OWN_PIDS, and only those),
+# politely first, then removes the scratch directory $WORK. Meant for `trap cleanup EXIT`.
+cleanup() {
+    local pid
+    for pid in "${OWN_PIDS[@]}"; do
+        is_alive "$pid" && kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${OWN_PIDS[@]}"; do
+        wait_gone "$pid" 3 || kill -KILL "$pid" 2>/dev/null || true
+    done
+    [[ -n "$WORK" && -d "$WORK" ]] && rm -rf -- "$WORK"
+    return 0
+}

@@ -100,18 +100,7 @@ parse_args() {
 
 
 
-# Stop the processes we started (only those, by PID), politely first.
-cleanup() {
-    local pid
-    for pid in "${OWN_PIDS[@]}"; do
-        is_alive "$pid" && kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${OWN_PIDS[@]}"; do
-        wait_gone "$pid" 3 || kill -KILL "$pid" 2>/dev/null || true
-    done
-    [[ -n "$WORK" && -d "$WORK" ]] && rm -rf -- "$WORK"
-    return 0
-}
+# cleanup() (lib.sh) stops what OWN_PIDS lists and removes $WORK.
 
 # ---------------------------------------------------------------- ports
 

@@ -43,6 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
+
 namespace {
 
 constexpr size_t kDefaultSize = 64;
@@ -56,25 +58,9 @@ constexpr int kPollMs = 200;  // how often the server checks its lifetime and th
 volatile sig_atomic_t g_stop = 0;
 void onSignal(int) { g_stop = 1; }
 
-int64_t nowNs() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+using bench::nowNs;
 
-bool parseAddr(std::string_view s, sockaddr_in& out) {
-    size_t colon = s.rfind(':');
-    if (colon == std::string_view::npos) return false;
-    std::string host(s.substr(0, colon));
-    std::string port(s.substr(colon + 1));
-    char* end = nullptr;
-    long p = std::strtol(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p < 0 || p > 65535) return false;
-    out = sockaddr_in{};
-    out.sin_family = AF_INET;
-    out.sin_port = htons(static_cast<uint16_t>(p));
-    return ::inet_pton(AF_INET, host.c_str(), &out.sin_addr) == 1;
-}
+using bench::parseAddr;
 
 void noDelay(int fd) {
     int one = 1;

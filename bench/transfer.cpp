@@ -60,6 +60,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "bench_util.hpp"
+
 namespace {
 
 // A prime just under 1 MiB: not a divisor of any buffer or segment size a relay might use.
@@ -79,11 +81,7 @@ constexpr double kDefaultTimeout = 60;
 volatile sig_atomic_t g_stop = 0;
 void onSignal(int) { g_stop = 1; }
 
-int64_t nowNs() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+using bench::nowNs;
 
 // The pattern twice over, so pattern[(start + i) % kPeriod] for i < kPeriod is one contiguous
 // window: the client sends straight from it and the sink compares straight against it.
@@ -112,19 +110,7 @@ uint64_t getLe64(const unsigned char* p) {
     return v;
 }
 
-bool parseAddr(std::string_view s, sockaddr_in& out) {
-    size_t colon = s.rfind(':');
-    if (colon == std::string_view::npos) return false;
-    std::string host(s.substr(0, colon));
-    std::string port(s.substr(colon + 1));
-    char* end = nullptr;
-    long p = std::strtol(port.c_str(), &end, 10);
-    if (port.empty() || *end != '\0' || p < 0 || p > 65535) return false;
-    out = sockaddr_in{};
-    out.sin_family = AF_INET;
-    out.sin_port = htons(static_cast<uint16_t>(p));
-    return ::inet_pton(AF_INET, host.c_str(), &out.sin_addr) == 1;
-}
+using bench::parseAddr;
 
 // ---------------------------------------------------------------- sink
 
