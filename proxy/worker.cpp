@@ -827,50 +827,38 @@ void Worker::catchUp(Conn& c, uint32_t slot, int d) {
     // the passed bytes go next, by copy.
     Direction& dir = c.dir[d];
     uint64_t expected = loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.copied;
-    SockmapBarrier b = checkQueued(c.fd[1 - d], expected);
-    switch (b.kind) {
-        case SockmapBarrier::Done:
-            dir.catching_up = false;
-            dir.user_copy = true;
-            advanceCopy(c, slot, d);
-            return;
-        case SockmapBarrier::Wait:
-            waitBarrier(c, slot, d, b.remaining);
-            return;
-        case SockmapBarrier::Failed:
-            failDirection(c, slot, d, b.on_src, b.error);
-            return;
-    }
+    if (!barrierDone(c, slot, d, checkQueued(c.fd[1 - d], expected))) return;
+    dir.catching_up = false;
+    dir.user_copy = true;
+    advanceCopy(c, slot, d);
 }
 
 void Worker::sockmapFinBarrier(Conn& c, uint32_t slot, int d) {
     if (sockmapBroken(c, slot)) return;
-    SockmapBarrier b = checkFinBarrier(c.fd[d], c.fd[1 - d]);
+    if (!barrierDone(c, slot, d, checkFinBarrier(c.fd[d], c.fd[1 - d]))) return;
+    foldSockmapBytes(c);
+    ::shutdown(c.fd[1 - d], SHUT_WR);
+    finishDirection(c, slot, d);
+    if (c.state == ConnState::Relaying && !c.dir[d].watch) {
+        // src is done but still the other direction's destination, written by the kernel
+        // alone: only a poll notices an RST on it now.
+        io_uring_prep_poll_add(sqeFor(c, slot, Op::Watch, d), c.fd[d], POLLERR | POLLHUP);
+        c.dir[d].watch = true;
+    }
+}
+
+bool Worker::barrierDone(Conn& c, uint32_t slot, int d, const SockmapBarrier& b) {
     switch (b.kind) {
-        case SockmapBarrier::Done: {
-            const zcr_sock_stats& r = sockmap_->record(c.record + d);
-            LOG_WARN("DBG fin d%d R %llu P %llu replayed %llu flags %u sum %llu", d,
-                     (unsigned long long)r.redirected, (unsigned long long)r.passed,
-                     (unsigned long long)r.replayed, r.flags,
-                     (unsigned long long)(r.redirected + r.passed));
-        }
-            foldSockmapBytes(c);
-            ::shutdown(c.fd[1 - d], SHUT_WR);
-            finishDirection(c, slot, d);
-            if (c.state == ConnState::Relaying && !c.dir[d].watch) {
-                // src is done but still the other direction's destination, written by the
-                // kernel alone: only a poll notices an RST on it now.
-                io_uring_prep_poll_add(sqeFor(c, slot, Op::Watch, d), c.fd[d], POLLERR | POLLHUP);
-                c.dir[d].watch = true;
-            }
-            return;
+        case SockmapBarrier::Done:
+            return true;
         case SockmapBarrier::Wait:
             waitBarrier(c, slot, d, b.remaining);
-            return;
+            return false;
         case SockmapBarrier::Failed:
             failDirection(c, slot, d, b.on_src, b.error);
-            return;
+            return false;
     }
+    return false;
 }
 
 void Worker::waitBarrier(Conn& c, uint32_t slot, int d, uint64_t remaining) {

@@ -15,6 +15,7 @@
 #include "conn.hpp"
 #include "metrics.hpp"
 #include "pipe_pool.hpp"
+#include "pump/sockmap_pump.hpp"
 #include "sockmap.hpp"
 #include "unique_fd.hpp"
 #include "uring/buf_ring.hpp"
@@ -106,6 +107,8 @@ class Worker {
     void startCatchUp(Conn& c, uint32_t slot, int d);
     void catchUp(Conn& c, uint32_t slot, int d);
     void sockmapFinBarrier(Conn& c, uint32_t slot, int d);
+    // True if the barrier `b` is passed; otherwise it waits (timer) or failed (closed).
+    bool barrierDone(Conn& c, uint32_t slot, int d, const SockmapBarrier& b);
     void waitBarrier(Conn& c, uint32_t slot, int d, uint64_t remaining);
     // A timer for onBarrier; `back_off`: wait longer than last time (nothing moved).
     void armBarrier(Conn& c, uint32_t slot, int d, bool back_off);
