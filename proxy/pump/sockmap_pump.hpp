@@ -7,10 +7,10 @@
 // Set-up (setUpPair):
 //   - Only ESTABLISHED sockets may enter the map, so a client that already sent its FIN (a
 //     request and SHUT_WR before the upstream answered) is relayed by splice instead.
-//   - Links go in before sockets, the upstream socket before the client's. A verdict runs only
-//     on a socket already in the map; if its peer is not in yet, the program passes the bytes
-//     instead (see "passed bytes"). The upstream rarely sends in the microseconds between the
-//     two inserts; a client bursting its request often does, so it goes second.
+//   - Links go in before sockets, the client's socket before the upstream's. A verdict runs
+//     only on a socket already in the map; if its peer is not in yet, the program passes the
+//     bytes instead (see "passed bytes"). The client's early bytes are meant to take that way:
+//     see setUpPair() for the window update a redirect from the kick fails to send.
 //   - Bytes that arrived before insertion sit in the receive queue and run through the
 //     verdict only when the next segment arrives: a request waiting for its answer would wait
 //     forever. A recv(MSG_PEEK) runs the queue through the verdict in order
