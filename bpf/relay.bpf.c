@@ -99,11 +99,13 @@ int zcr_verdict(struct __sk_buff *skb)
 			__sync_fetch_and_add(&st->replayed, 1);
 			if (seen >= skb->len)
 				return SK_DROP;
-			if (st->skip_len != 0) {
+			__u32 tail = st->skip_tail;
+			if (tail - st->skip_head >= ZCR_SKIPS) {
 				st->flags |= ZCR_BROKEN;
 			} else {
-				st->skip_at = st->passed;
-				st->skip_len = seen;
+				st->skip_at[tail & (ZCR_SKIPS - 1)] = st->passed;
+				st->skip_len[tail & (ZCR_SKIPS - 1)] = seen;
+				__sync_fetch_and_add(&st->skip_tail, 1); /* after the entry */
 			}
 			overlap = true;
 		} else if (gap > 0) {

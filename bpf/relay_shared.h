@@ -15,8 +15,8 @@ struct zcr_link {
 
 /* zcr_stats: one record per relayed socket, in an mmap()ed array, so user space reads the
  * counters with plain loads and never a syscall. Written by the program: redirected, passed,
- * replayed, skip_at, skip_len, next_seq, flags. Written by user space: consumed, limit,
- * skip_len back to 0 (and all of it at link time).
+ * replayed, skip_at, skip_len, skip_tail, next_seq, flags. Written by user space: consumed,
+ * limit, skip_head (and all of it at link time).
  *
  * The program redirects a socket's skb to its peer only while
  *   - the peer is in zcr_socks,
@@ -26,20 +26,26 @@ struct zcr_link {
  *     fast sender and a slow peer pin unbounded kernel memory (712 MiB in 1 s, measured).
  * Otherwise it passes the skb: it stays on this socket (charged to its receive buffer, so the
  * TCP window closes) until user space moves it, in order, behind everything redirected. */
+#define ZCR_SKIPS 4 /* replayed stretches user space may have pending at once (a power of 2) */
+
 struct zcr_sock_stats {
 	__u64 redirected; /* bytes received here and queued on the peer's egress */
 	__u64 passed;     /* bytes received here and left on this socket for user space */
 	__u64 consumed;   /* of those, bytes user space has queued on the peer (or skipped) */
 	__u64 limit;      /* bytes in flight towards the peer before the program passes */
 	__u64 replayed;   /* skbs the verdict saw a second time, whole (dropped) or in part */
-	__u64 skip_at;    /* offset in the passed bytes where skip_len bytes seen before start */
-	__u32 skip_len;   /* 0: no skip pending; user space clears it once applied */
-	__u32 next_seq;   /* TCP sequence number after the last byte the verdict handled */
-	__u32 flags;      /* ZCR_SEQ_VALID, ZCR_BROKEN */
-	__u32 pad;
+	/* Replayed stretches to skip, in stream order: entry i % ZCR_SKIPS for skip_head <= i <
+	 * skip_tail holds skip_len[i] bytes at offset skip_at[i] of the passed bytes. The
+	 * program appends (skip_tail), user space consumes (skip_head). */
+	__u64 skip_at[ZCR_SKIPS];
+	__u32 skip_len[ZCR_SKIPS];
+	__u32 skip_head;
+	__u32 skip_tail;
+	__u32 next_seq; /* TCP sequence number after the last byte the verdict handled */
+	__u32 flags;    /* ZCR_SEQ_VALID, ZCR_BROKEN */
 };
 
 #define ZCR_SEQ_VALID 1u /* next_seq is set */
-#define ZCR_BROKEN 2u    /* an skb skipped bytes, or a second overlap came: the stream is lost */
+#define ZCR_BROKEN 2u    /* an skb skipped bytes, or too many replays pending: stream lost */
 
 #endif

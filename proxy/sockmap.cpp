@@ -96,8 +96,8 @@ Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index
     storeRelaxed(r.consumed, __u64{0});
     storeRelaxed(r.limit, __u64{limit});
     storeRelaxed(r.replayed, __u64{0});
-    storeRelaxed(r.skip_at, __u64{0});
-    storeRelaxed(r.skip_len, __u32{0});
+    storeRelaxed(r.skip_head, __u32{0});
+    storeRelaxed(r.skip_tail, __u32{0});
     storeRelaxed(r.next_seq, __u32{0});
     storeRelaxed(r.flags, __u32{0});
     zcr_link l{peer_cookie, index, 0};

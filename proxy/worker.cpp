@@ -927,20 +927,43 @@ void Worker::onSockmapScan() {
     armSockmapScan();
 }
 
-uint32_t Worker::skipReplayed(Conn& c, int d, uint32_t len) {
+uint32_t Worker::dropReplayed(Conn& c, int d, char* data, uint32_t len) {
     Direction& dir = c.dir[d];
     zcr_sock_stats& r = sockmap_->record(c.record + d);
-    uint32_t skip_len = loadRelaxed(r.skip_len);
-    uint64_t at = loadRelaxed(r.skip_at);
-    // Reads stop at skip_at (advanceCopy), so a skip starts at the head of a chunk.
-    if (skip_len == 0 || dir.taken < at || dir.taken >= at + skip_len) return 0;
-    uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(len, at + skip_len - dir.taken));
-    // Skipped bytes count as handled, or the program would wait for them forever.
-    dir.consumed += n;
-    storeRelaxed(r.consumed, __u64{dir.consumed});
-    if (dir.taken + n == at + skip_len) storeRelaxed(r.skip_len, __u32{0});
-    stats_.listeners[c.listener].sockmap_skipped.add(n);
-    return n;
+    // The chunk holds passed bytes [taken, taken + len). Every queued replayed stretch inside
+    // it is cut out and the rest closed up in place; a stretch reaching past its end stays
+    // queued, shortened by what was cut. Rare (a few per hundred connections under heavy
+    // passing), so a memmove of at most one buffer is fine.
+    uint64_t from = dir.taken;
+    uint32_t kept = len;
+    uint64_t cut = 0;
+    for (;;) {
+        uint32_t head = loadRelaxed(r.skip_head);
+        if (head == loadRelaxed(r.skip_tail)) break;
+        uint32_t i = head & (ZCR_SKIPS - 1);
+        uint64_t at = loadRelaxed(r.skip_at[i]);
+        uint64_t end = at + loadRelaxed(r.skip_len[i]);
+        uint64_t to = from + len;
+        if (at >= to) break;
+        uint64_t lo = std::max(at, from), hi = std::min(end, to);
+        if (hi > lo) {
+            // Offsets within the chunk as it is now, after earlier cuts.
+            uint32_t off = static_cast<uint32_t>(lo - from - cut);
+            uint32_t n = static_cast<uint32_t>(hi - lo);
+            std::memmove(data + off, data + off + n, kept - off - n);
+            kept -= n;
+            cut += n;
+        }
+        if (end > to) break;  // continues into the next chunk
+        storeRelaxed(r.skip_head, head + 1);
+    }
+    if (cut > 0) {
+        // Dropped bytes count as handled, or the program would wait for them forever.
+        dir.consumed += cut;
+        storeRelaxed(r.consumed, __u64{dir.consumed});
+        stats_.listeners[c.listener].sockmap_skipped.add(cut);
+    }
+    return kept;
 }
 
 bool Worker::sockmapBroken(Conn& c, uint32_t slot) {
@@ -1001,16 +1024,7 @@ void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
         dir.send_armed = true;
     }
     if (next.arm_recv) {
-        uint32_t max_len = 0;
-        if (dir.path == DataPath::Sockmap) {
-            // A skip pending further on (see relay.bpf.c): read up to it, so that it starts
-            // at the head of a buffer.
-            const zcr_sock_stats& r = sockmap_->record(c.record + d);
-            uint64_t at = loadRelaxed(r.skip_at);
-            if (loadRelaxed(r.skip_len) != 0 && at > dir.taken)
-                max_len = static_cast<uint32_t>(std::min<uint64_t>(at - dir.taken, UINT32_MAX));
-        }
-        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_, max_len);
+        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_);
         dir.recv_armed = true;
     }
     if (dir.queue.full() && !dir.recv_armed) armWatch(c, slot, d);
@@ -1031,10 +1045,11 @@ void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
     }
     if (res > 0) {
         CopyChunk chunk{bid, static_cast<uint32_t>(res), 0};
-        if (dir.path == DataPath::Sockmap) chunk.sent = skipReplayed(c, d, chunk.len);
+        if (dir.path == DataPath::Sockmap)
+            chunk.len = dropReplayed(c, d, bufs_->data(bid), chunk.len);
         dir.taken += static_cast<uint64_t>(res);
         c.last_active_ms = now_ms_;
-        if (chunk.sent == chunk.len) {
+        if (chunk.len == 0) {
             bufs_->recycle(bid);
             buffers_freed_ = true;
         } else {

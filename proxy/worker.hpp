@@ -115,9 +115,9 @@ class Worker {
     void onBarrier(Conn& c, uint32_t slot, int d);
     void armSockmapScan();
     void onSockmapScan();
-    // Drops what the program marked as seen before from the head of a chunk of `len` passed
-    // bytes just received; returns how many.
-    uint32_t skipReplayed(Conn& c, int d, uint32_t len);
+    // Cuts what the program marked as seen before (relay.bpf.c) out of `len` passed bytes just
+    // received into `data`; returns how many are left.
+    uint32_t dropReplayed(Conn& c, int d, char* data, uint32_t len);
     // Resets c if the program found its stream beyond repair; true if it did.
     bool sockmapBroken(Conn& c, uint32_t slot);
     // Adds what the program counted since the last look to the byte metrics.

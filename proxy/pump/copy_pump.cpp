@@ -4,11 +4,10 @@
 
 namespace zcrelay {
 
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, uint32_t max_len) {
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs) {
     // No buffer address: IOSQE_BUFFER_SELECT lets the kernel pick one from the group when data
     // is actually there, so a waiting recv pins no memory.
-    uint32_t len = max_len != 0 && max_len < bufs.bufferSize() ? max_len : bufs.bufferSize();
-    io_uring_prep_recv(sqe, src, nullptr, len, 0);
+    io_uring_prep_recv(sqe, src, nullptr, bufs.bufferSize(), 0);
     sqe->flags |= IOSQE_BUFFER_SELECT;
     sqe->buf_group = bufs.group();
 }

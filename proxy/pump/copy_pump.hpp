@@ -16,8 +16,7 @@
 
 namespace zcrelay {
 
-// `max_len` (0: a whole buffer) caps what the recv may take.
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, uint32_t max_len = 0);
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs);
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk);
 
 // What a copy direction should have in flight next, given its queue.

@@ -246,7 +246,7 @@ std::string describe(const IoResult& r, const PayloadVerifier& v) {
 // The worker's part of one direction when the program passes bytes (pump/sockmap_pump.hpp,
 // "Passed bytes"; bpf/relay.bpf.c for replays), done inline: wait until dst has queued every
 // byte redirected or copied before the passed ones (checkQueued), then copy the passed bytes
-// src -> dst, dropping a stretch the program reports as replayed (skip_at, skip_len), and
+// src -> dst, dropping the stretches the program reports as replayed (the skip queue), and
 // publish `consumed` (sent + skipped) after each step, until consumed == passed and the program
 // redirects again.
 class UserCopy {
@@ -308,23 +308,34 @@ class UserCopy {
     // Bytes [taken_, taken_ + len) of the passed stream, just read: sends all but a replayed
     // stretch, wherever it falls in them, and publishes the progress.
     std::string forward(const uint8_t* data, uint64_t len, Clock::time_point deadline) {
-        uint64_t skip_len = loadRelaxed(record_.skip_len);
-        uint64_t skip_at = loadRelaxed(record_.skip_at);
-        uint64_t from = taken_, to = taken_ + len;
-        uint64_t cut_from = skip_len != 0 ? std::clamp(skip_at, from, to) : to;
-        uint64_t cut_to = skip_len != 0 ? std::clamp(skip_at + skip_len, from, to) : to;
-        for (auto [a, b] : {std::pair{from, cut_from}, std::pair{cut_to, to}}) {
-            if (a == b) continue;
+        uint64_t from = taken_, to = taken_ + len, pos = from;
+        auto send = [&](uint64_t a, uint64_t b) -> std::string {
+            if (a >= b) return {};
             auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
             IoResult w = test::writeAll(dst_, data + (a - from), b - a, std::max(left, Millis{0}));
             if (!w.ok()) return "send to dst: " + w.describe();
             sent_ += b - a;
+            return {};
+        };
+        // The queued replayed stretches, in order (relay_shared.h): send around each.
+        for (;;) {
+            uint32_t head = loadRelaxed(record_.skip_head);
+            if (head == loadRelaxed(record_.skip_tail)) break;
+            uint32_t i = head & (ZCR_SKIPS - 1);
+            uint64_t at = loadRelaxed(record_.skip_at[i]);
+            uint64_t end = at + loadRelaxed(record_.skip_len[i]);
+            if (at >= to) break;
+            uint64_t lo = std::clamp(at, pos, to), hi = std::clamp(end, pos, to);
+            if (std::string err = send(pos, lo); !err.empty()) return err;
+            skipped_ += hi - lo;
+            pos = hi;
+            if (end > to) break;
+            storeRelaxed(record_.skip_head, head + 1);
         }
-        skipped_ += cut_to - cut_from;
+        if (std::string err = send(pos, to); !err.empty()) return err;
         consumed_ += len;
         taken_ = to;
         storeRelaxed(record_.consumed, __u64{consumed_});
-        if (skip_len != 0 && skip_at + skip_len <= to) storeRelaxed(record_.skip_len, __u32{0});
         return {};
     }
 
