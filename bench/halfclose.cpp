@@ -227,35 +227,8 @@ void serveConn(int fd, ServerOpts opts) {
 }
 
 int runServer(const sockaddr_in& addr, const ServerOpts& opts, long seconds) {
-    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (lfd < 0) {
-        std::perror("halfclose server: socket");
-        return 2;
-    }
-    int one = 1;
-    ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (::bind(lfd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0 ||
-        ::listen(lfd, SOMAXCONN) < 0) {
-        std::perror("halfclose server: bind/listen");
-        return 2;
-    }
-    sockaddr_in bound{};
-    socklen_t len = sizeof bound;
-    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&bound), &len);
-    std::printf("%u\n", ntohs(bound.sin_port));
-    std::fflush(stdout);
-
-    const int64_t end = nowNs() + int64_t{seconds} * 1'000'000'000;
-    while (!g_stop && nowNs() < end) {
-        // poll first so the lifetime and SIGTERM are noticed even with no client.
-        pollfd p{lfd, POLLIN, 0};
-        if (::poll(&p, 1, kPollMs) <= 0) continue;
-        int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-        if (fd < 0) continue;
-        // Detached: each connection ends within its --timeout; exit() takes the rest down.
-        std::thread(serveConn, fd, opts).detach();
-    }
-    return 0;
+    return bench::serveLoop("halfclose", addr, seconds, g_stop,
+                            [opts](int fd) { serveConn(fd, opts); });
 }
 
 // ---------------------------------------------------------------- client
