@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 namespace bench {
 
@@ -22,6 +24,22 @@ inline int64_t nowNs() {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// A pseudo-random pattern of `period` bytes (xorshift64 from `seed`, so both ends make the same
+// bytes), stored twice over: v[(start + i) % period] for i < period is one contiguous window,
+// so a sender sends straight from it and a receiver compares straight against it.
+inline std::vector<unsigned char> doubledPattern(size_t period, uint64_t seed) {
+    std::vector<unsigned char> v(2 * period);
+    uint64_t x = seed;
+    for (size_t i = 0; i < period; ++i) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        v[i] = static_cast<unsigned char>(x >> 32);
+    }
+    std::memcpy(v.data() + period, v.data(), period);
+    return v;
 }
 
 // "A.B.C.D:PORT" (IPv4, numeric); false if it is not that.

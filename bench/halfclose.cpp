@@ -79,18 +79,8 @@ using bench::parseAddr;
 
 // The pattern twice over, so pattern()[(start + i) % kPeriod] for i < kPeriod is contiguous.
 const std::vector<unsigned char>& pattern() {
-    static const std::vector<unsigned char> p = [] {
-        std::vector<unsigned char> v(2 * kPeriod);
-        uint64_t x = 0x2545f4914f6cdd1dull;  // xorshift64, fixed seed: same bytes on both ends
-        for (size_t i = 0; i < kPeriod; ++i) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            v[i] = static_cast<unsigned char>(x >> 32);
-        }
-        std::memcpy(v.data() + kPeriod, v.data(), kPeriod);
-        return v;
-    }();
+    static const std::vector<unsigned char> p =
+        bench::doubledPattern(kPeriod, 0x2545f4914f6cdd1dull);
     return p;
 }
 
