@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""bench/report.py RESULTS.jsonl: one Markdown table per workload and parameter of a bench/run
-result file: each relay's median (min-max), ok/runs, relay CPU seconds, peak RSS, and where the
-records carry them, latency percentiles and relay CPU per GB. Standard library only."""
+"""bench/report.py [--summary] RESULTS.jsonl: one Markdown table per workload and parameter of a
+bench/run result file: each relay's median (min-max), ok/runs, relay CPU seconds, peak RSS, and
+where the records carry them, latency percentiles and relay CPU per GB.
+
+--summary: one table instead, a row per relay and a column per headline measurement (the
+README's table); a cell is the median, "failed" when every run failed, "-" when not run.
+Standard library only."""
 import json
 import sys
 
@@ -10,8 +14,57 @@ def num(v, fmt="{:.1f}"):
     return "-" if v is None else fmt.format(v)
 
 
-def main(path):
+# The README's columns: (heading, workload, param, field, format). Field "cpu" is relay CPU per
+# GB, shown beside the rate it belongs to.
+SUMMARY = [
+    ("half-close", "halfclose", "1MiB", "pass", None),
+    ("nc 1 GiB up MB/s (CPU s/GB)", "bulk-nc-upload", "1024MiB", "median+cpu", "{:.0f}"),
+    ("bulk 1×100 MiB MB/s (CPU s/GB)", "bulk", "1x100MiB", "median+cpu", "{:.0f}"),
+    ("bulk 100×10 MiB MB/s (CPU s/GB)", "bulk", "100x10MiB", "median+cpu", "{:.0f}"),
+    ("conn/s", "connrate", "50-in-flight", "median", "{:.0f}"),
+    ("ping-pong 1 conn p50 / p99 µs", "pingpong", "1conn-64B", "p50+p99", "{:.1f}"),
+    ("ping-pong 100 conns req/s", "pingpong", "100conn-64B", "median", "{:.0f}"),
+    ("HTTP req/s", "http", "1KiB-50conns", "median", "{:.0f}"),
+    ("idle B/conn", "idle", "*", "median", "{:.0f}"),
+]
+
+
+def summary_cell(r, field, fmt):
+    if r is None:
+        return "-"
+    if field == "pass":   # one sample a run: 1 passed, 0 failed
+        return "pass" if r["min"] == 1 else "**fail**"
+    if r["median"] is None:
+        return "**failed**"
+    if field == "median+cpu":
+        cpu = r.get("relay_cpu_s_per_gb")
+        return fmt.format(r["median"]) + ("" if cpu is None else f" ({cpu:.2f})")
+    if field == "p50+p99":
+        return f"{num(r.get('p50_us'))} / {num(r.get('p99_us'))}"
+    return fmt.format(r["median"])
+
+
+def summary(recs):
+    relays = []
+    for r in recs:
+        if r["relay"] not in relays:
+            relays.append(r["relay"])
+    cols = [c for c in SUMMARY if any(r["workload"] == c[1] for r in recs)]
+    print("| relay | " + " | ".join(c[0] for c in cols) + " |")
+    print("|" + "---|" * (len(cols) + 1))
+    for relay in relays:
+        cells = []
+        for _, workload, param, field, fmt in cols:
+            r = next((x for x in recs if x["relay"] == relay and x["workload"] == workload
+                      and (param == "*" or x["param"] == param)), None)
+            cells.append(summary_cell(r, field, fmt))
+        print(f"| {relay} | " + " | ".join(cells) + " |")
+
+
+def main(path, only_summary=False):
     recs = [json.loads(line) for line in open(path) if line.strip()]
+    if only_summary:
+        return summary(recs)
     keys = []
     for r in recs:
         key = (r["workload"], r["param"])
@@ -43,6 +96,10 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    want_summary = args[:1] == ["--summary"]
+    if want_summary:
+        args = args[1:]
+    if len(args) != 1:
         sys.exit(__doc__)
-    main(sys.argv[1])
+    main(args[0], want_summary)
