@@ -11,9 +11,10 @@
 # for --seconds while the load runs (cpu-clock, because a VM usually offers no hardware
 # counters: `perf stat -e cycles true` says "not supported").
 #
-# Output (stdout): the load's own result line, the relay's CPU seconds over the load, the
-# share of samples per CPU and command, and the relay's heaviest call chains (children
-# included, so a syscall's share holds everything under it).
+# Output (stdout): the load's own result line, the relay's CPU seconds and I/O system calls
+# over the load (per MB moved, or per relayed message), the share of samples per CPU and
+# command, and the relay's heaviest call chains (children included, so a syscall's share holds
+# everything under it).
 #
 # Reading it in a VM: without a PMU the sampling timer cannot interrupt code that runs with
 # interrupts off, so the time spent there lands on the instruction that turns them back on:
@@ -90,6 +91,13 @@ done
 start_relay "$RELAY" "$port" "$RELAY_CPU" "$WORK" || die "$RELAY did not start: $RELAY_ERR"
 
 echo "# $RELAY, $WORKLOAD; relay on CPU $RELAY_CPU, load on CPU $LOAD_CPU; $(uname -r)"
+# The relay's I/O system calls over the whole load (tracepoints, which a VM does have), to set
+# against what the load moved: how much each call carries.
+syscalls=splice,io_uring_enter,epoll_wait,recvfrom,sendto,read,write,readv,writev
+perf stat -x, -e "$(sed -E 's/([a-z_]+)/syscalls:sys_enter_\1/g' <<<"$syscalls")" \
+    -p "$(relay_pids | paste -sd, -)" -o "$WORK/syscalls.csv" 2>"$WORK/stat.err" &
+stat_pid=$!
+OWN_PIDS+=("$stat_pid")
 relay_cpu_ticks >/dev/null
 t0=$RELAY_CPU_TICKS
 taskset -c "$LOAD_CPU" timeout 120 "${load[@]}" --connect "127.0.0.1:$RELAY_PORT" \
@@ -101,9 +109,22 @@ perf record -a -g -e cpu-clock -F 999 -o "$OUT" -- sleep "$SECONDS_SAMPLED" >/de
     die "perf record failed: $(tail -n2 "$WORK/perf.err")"
 wait "$load_pid" || die "the load failed: $(tail -n2 "$WORK/load.err")"
 relay_cpu_ticks >/dev/null
+kill -INT "$stat_pid" 2>/dev/null || true
+wait "$stat_pid" 2>/dev/null || true
 echo "load: $(cat "$WORK/load.out")"
 awk -v a="$t0" -v b="$RELAY_CPU_TICKS" -v hz="$(getconf CLK_TCK)" \
     'BEGIN {printf "relay CPU over the whole load: %.2f s\n", (b - a) / hz}'
+# Per unit of work: bulk per MB moved, ping-pong per relayed message (a request or a reply).
+if [[ "$WORKLOAD" == bulk ]]; then
+    units=$(sed -nE 's/.*"bytes":([0-9]+).*/\1/p' "$WORK/load.out" | awk '{print $1 / 1e6}') unit=MB
+else
+    units=$(sed -nE 's/.*"conns":([0-9]+),"iters":([0-9]+).*/\1 \2/p' "$WORK/load.out" |
+        awk -v w=200 '{print $1 * ($2 + w) * 2}') unit=message
+fi
+echo "relay system calls over the whole load, per $unit:"
+awk -F, -v n="$units" -v unit="$unit" '$3 ~ /^syscalls:sys_enter_/ && $1 + 0 > 0 {
+        sub(/^syscalls:sys_enter_/, "", $3)
+        printf "  %-15s %10d  %.3f per %s\n", $3, $1, $1 / n, unit }' "$WORK/syscalls.csv"
 
 comm=$(ps -o comm= -p "$RELAY_PID")
 echo
