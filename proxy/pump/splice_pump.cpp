@@ -9,6 +9,8 @@ namespace zcrelay {
 namespace {
 
 constexpr unsigned kSpliceFlags = SPLICE_F_NONBLOCK | SPLICE_F_MOVE;
+// A read shorter than this and shorter than asked is taken to have emptied src (see below).
+constexpr ssize_t kSmallRead = 16 * 1024;
 
 enum class ReadResult { Progress, Blocked, Eof, NotEof, Error };
 
@@ -44,12 +46,14 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
     bool stuck_nonempty = false;  // a 0-byte splice with data still waiting on src
     for (;;) {
         bool progress = false;
+        bool src_emptied = false;
         if (!d.eof && d.in_pipe < d.pipe.capacity) {
-            ssize_t n = ::splice(src, nullptr, d.pipe.write_fd, nullptr,
-                                 d.pipe.capacity - d.in_pipe, kSpliceFlags);
+            uint32_t asked = d.pipe.capacity - d.in_pipe;
+            ssize_t n = ::splice(src, nullptr, d.pipe.write_fd, nullptr, asked, kSpliceFlags);
             if (n > 0) {
                 d.in_pipe += static_cast<uint32_t>(n);
                 progress = true;
+                src_emptied = n < kSmallRead && static_cast<uint32_t>(n) < asked;
                 // A full pipe means this flow is bulk: let it have the listener's pipe_size.
                 if (d.in_pipe == d.pipe.capacity) pool.grow(d.pipe, pipe_size);
             } else if (n == 0) {
@@ -84,6 +88,12 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
             }
         }
         if (!progress) break;
+        // A small message went through whole: src is almost surely empty, and asking again
+        // costs a splice that returns EAGAIN, one syscall in three on a request/response
+        // stream. Wait for POLLIN instead. If src did have more (a pipe can run out of slots
+        // before bytes), nothing stalls: io_uring polls once when the poll is armed and
+        // completes it at once.
+        if (src_emptied && d.in_pipe == 0) break;
     }
     if (d.in_pipe > 0) return SpliceStep{SpliceStep::WaitWrite, false, 0, {}};
     if (d.eof) {

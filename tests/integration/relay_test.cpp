@@ -209,6 +209,44 @@ TEST_P(NagleTest, TcpNodelayOffStillRelaysBothWaysByteExact) {
 
 INSTANTIATE_TEST_SUITE_P(Modes, NagleTest, ::testing::ValuesIn(kModes), modeName);
 
+// Bursts of small writes, each burst echoed back whole before the next is sent. After a small
+// read the splice path waits for POLLIN rather than reading again; if the socket still held
+// bytes (a pipe runs out of slots before bytes when many small segments queue up), nothing new
+// arrives to wake the relay, so a stall there would strand the end of a burst and time out.
+class SmallBurstTest : public RelayModeTest {};
+
+TEST_P(SmallBurstTest, BurstsOfSmallWritesComeBackWholeEveryTime) {
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    Connected client = connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    constexpr size_t kWrites = 300;
+    constexpr size_t kWriteSize = 100;
+    constexpr size_t kBursts = 20;
+    constexpr uint64_t kBurstBytes = kWrites * kWriteSize;
+    std::vector<uint8_t> burst(kBurstBytes), back(kBurstBytes);
+    for (size_t b = 0; b < kBursts; ++b) {
+        fillPayload(kSeedA, b * kBurstBytes, burst);
+        // TCP_NODELAY (connectTo sets it): each write leaves as its own segment.
+        for (size_t w = 0; w < kWrites; ++w) {
+            IoResult sent = writeAll(client.fd.get(), burst.data() + w * kWriteSize, kWriteSize);
+            ASSERT_TRUE(sent.ok()) << "burst " << b << " write " << w << ": " << sent.describe();
+        }
+        IoResult got = readExactly(client.fd.get(), back.data(), back.size(), kPrompt);
+        ASSERT_TRUE(got.ok()) << "burst " << b << " came back short: " << got.describe();
+        ASSERT_EQ(back, burst) << "burst " << b << " came back altered";
+    }
+    ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
+    std::string rest;
+    IoResult end = readUntilEof(client.fd.get(), rest, kPrompt);
+    EXPECT_EQ(end.status, IoStatus::Eof) << end.describe();
+    EXPECT_TRUE(rest.empty()) << rest.size() << " bytes more than were sent";
+    client.fd.reset();
+    expectCountersAfterDone(kBursts * kBurstBytes, kBursts * kBurstBytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, SmallBurstTest, ::testing::ValuesIn(kModes), modeName);
+
 // =============================================================================================
 // 2. Half-close: a FIN is a SHUT_WR on the other side; the other direction keeps flowing.
 
