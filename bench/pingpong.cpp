@@ -14,13 +14,16 @@
 // checks the answer byte for byte, so a stale, duplicated or corrupted answer is an error, not a
 // fast sample.
 //
-// Server: reads exactly B bytes, writes them back, until EOF; one thread per connection. Prints
-// the bound port alone on the first stdout line (flushed; port 0 = let the kernel pick). Exits 0
-// after --seconds or on SIGTERM/SIGINT, so a forgotten instance cannot linger.
+// Server: one thread and epoll for all connections; echoes what arrives as it arrives (each
+// connection has one request in flight, so that is the answer). Prints the bound port alone on
+// the first stdout line (flushed; port 0 = let the kernel pick). Exits 0 after --seconds or on
+// SIGTERM/SIGINT, so a forgotten instance cannot linger.
 //
-// With --conns N, N connections (one thread each) do the same at once, their timed phases
-// started together; the percentiles are over all their round trips and req_per_s is the total
-// timed round trips over the span from the first timed start to the last end.
+// With --conns N > 1, N connections do the same at once from one thread with epoll and
+// nonblocking sockets (a thread each would spend the load's CPU on context switches, a switch
+// per round trip, and make that CPU the limit rather than the relay); their timed phases start
+// together once all have warmed up. The percentiles are over all their round trips and
+// req_per_s is the total timed round trips over the span of the timed phase.
 //
 // Client output: one JSON line on stdout,
 //   {"conns":N,"iters":I,"size":B,"req_per_s":..,"p50_us":..,"p99_us":..,"p999_us":..,
@@ -33,6 +36,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -47,6 +52,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "bench_util.hpp"
@@ -104,17 +110,98 @@ bool writeAll(int fd, const unsigned char* p, size_t n) {
 
 // ---------------------------------------------------------------- server
 
-void serveConn(int fd, size_t size) {
-    noDelay(fd);
-    std::vector<unsigned char> buf(size);
-    while (readExact(fd, buf.data(), size) == 1 && writeAll(fd, buf.data(), size)) {
-    }
-    ::close(fd);
-}
+// One thread and epoll for every connection: a thread per connection would put a context
+// switch on the load's CPU for every request, and with 100 connections that, not the relay,
+// is what the load CPU spends its time on. Each connection has at most one request in flight,
+// so echoing whatever arrives, as it arrives, answers it byte for byte.
+struct EchoConn {
+    std::vector<unsigned char> pending;  // read but not yet written back (the send buffer filled)
+    bool want_out = false;               // registered for EPOLLOUT instead of EPOLLIN
+};
 
 int runServer(const sockaddr_in& addr, size_t size, int seconds) {
-    return bench::serveLoop("pingpong", addr, seconds, g_stop,
-                            [size](int fd) { serveConn(fd, size); });
+    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1;
+    int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    if (lfd < 0 || ep < 0 || ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
+        ::bind(lfd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0 ||
+        ::listen(lfd, SOMAXCONN) < 0) {
+        std::perror("pingpong server: socket/bind/listen");
+        return 2;
+    }
+    sockaddr_in bound{};
+    socklen_t len = sizeof bound;
+    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&bound), &len);
+    std::printf("%u\n", ntohs(bound.sin_port));
+    std::fflush(stdout);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = lfd;
+    ::epoll_ctl(ep, EPOLL_CTL_ADD, lfd, &ev);
+    std::unordered_map<int, EchoConn> conns;
+    std::vector<unsigned char> buf(std::max<size_t>(size, 64 * 1024));
+    auto drop = [&](int fd) {
+        ::close(fd);  // also leaves the epoll set
+        conns.erase(fd);
+    };
+    // Writes what is pending; true while the connection is usable.
+    auto flush = [&](int fd, EchoConn& c) {
+        while (!c.pending.empty()) {
+            ssize_t w = ::send(fd, c.pending.data(), c.pending.size(), MSG_NOSIGNAL);
+            if (w < 0) return errno == EAGAIN || errno == EINTR;
+            c.pending.erase(c.pending.begin(), c.pending.begin() + w);
+        }
+        return true;
+    };
+    const int64_t end = nowNs() + int64_t{seconds} * 1'000'000'000;
+    epoll_event events[256];
+    while (!g_stop && nowNs() < end) {
+        int n = ::epoll_wait(ep, events, 256, kPollMs);
+        for (int i = 0; i < n; ++i) {
+            int fd = events[i].data.fd;
+            if (fd == lfd) {
+                int c;
+                while ((c = ::accept4(lfd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+                    noDelay(c);
+                    epoll_event cev{};
+                    cev.events = EPOLLIN;
+                    cev.data.fd = c;
+                    ::epoll_ctl(ep, EPOLL_CTL_ADD, c, &cev);
+                    conns[c];
+                }
+                continue;
+            }
+            auto it = conns.find(fd);
+            if (it == conns.end()) continue;
+            EchoConn& c = it->second;
+            if (!flush(fd, c)) {
+                drop(fd);
+                continue;
+            }
+            ssize_t r = c.pending.empty() ? ::recv(fd, buf.data(), buf.size(), 0) : -1;
+            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                if (r == 0 || c.pending.empty()) drop(fd);
+                continue;
+            }
+            if (r > 0) c.pending.assign(buf.begin(), buf.begin() + r);
+            if (!flush(fd, c)) {
+                drop(fd);
+                continue;
+            }
+            // Waiting to write: stop reading until the answer is out (one request in flight).
+            if (c.want_out != !c.pending.empty()) {
+                c.want_out = !c.pending.empty();
+                epoll_event cev{};
+                cev.events = c.want_out ? EPOLLOUT : EPOLLIN;
+                cev.data.fd = fd;
+                ::epoll_ctl(ep, EPOLL_CTL_MOD, fd, &cev);
+            }
+        }
+    }
+    for (auto& [fd, c] : conns) ::close(fd);
+    ::close(lfd);
+    ::close(ep);
+    return 0;
 }
 
 // ---------------------------------------------------------------- client
@@ -123,6 +210,20 @@ double percentileUs(const std::vector<int64_t>& sorted, double q) {
     size_t rank = static_cast<size_t>(q * static_cast<double>(sorted.size()));
     rank = std::min(rank, sorted.size() - 1);
     return static_cast<double>(sorted[rank]) / 1e3;
+}
+
+// The client's JSON line; `rtt_ns` is sorted in place.
+void printResult(int conns, long iters, size_t size, std::vector<int64_t>& rtt_ns,
+                 int64_t t0, int64_t t1) {
+    double sum = 0;
+    for (int64_t v : rtt_ns) sum += static_cast<double>(v);
+    std::sort(rtt_ns.begin(), rtt_ns.end());
+    std::printf(
+        "{\"conns\":%d,\"iters\":%ld,\"size\":%zu,\"req_per_s\":%.0f,\"p50_us\":%.1f,"
+        "\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"mean_us\":%.2f}\n",
+        conns, iters, size, static_cast<double>(rtt_ns.size()) * 1e9 / static_cast<double>(t1 - t0),
+        percentileUs(rtt_ns, 0.50), percentileUs(rtt_ns, 0.99), percentileUs(rtt_ns, 0.999),
+        percentileUs(rtt_ns, 1.0), sum / static_cast<double>(rtt_ns.size()) / 1e3);
 }
 
 // One connection's round trips: `warmup` untimed, then `iters` timed into `rtt_ns`. Every
@@ -190,8 +291,124 @@ bool pingConn(const sockaddr_in& addr, size_t size, long iters, long warmup, lon
     return ok;
 }
 
+// N connections on one thread with epoll. Blocking threads would cost the load's CPU a context
+// switch per round trip and make that CPU, not the relay, the limit. Each connection has one
+// request in flight. When a connection finishes its warm-up it waits for the others; the timed
+// phase starts for all at once. Reads and writes are nonblocking; a request of up to 64 KiB
+// into an empty send buffer goes out whole, and anything else is an error, not a slow sample.
+struct PingConn {
+    int fd = -1;
+    long i = 0;       // round trip in progress (warm-up ones first)
+    size_t got = 0;   // bytes of its answer received
+    int64_t t0 = 0;   // when its request was written
+};
+
+bool sendRequest(PingConn& c, std::vector<unsigned char>& req, std::string& error) {
+    uint64_t seq = static_cast<uint64_t>(c.i);
+    std::memcpy(req.data(), &seq, std::min(req.size(), sizeof seq));
+    c.got = 0;
+    c.t0 = nowNs();
+    ssize_t w = ::send(c.fd, req.data(), req.size(), MSG_NOSIGNAL);
+    if (w == static_cast<ssize_t>(req.size())) return true;
+    error = "write " + std::to_string(c.i) + (w < 0 ? ": " + std::string(std::strerror(errno))
+                                                    : ": short write");
+    return false;
+}
+
+int runClientEvents(const sockaddr_in& addr, size_t size, long iters, long warmup,
+                    long timeout_ms, int conns) {
+    auto fail = [](const std::string& what) {
+        std::fprintf(stderr, "pingpong client: %s\n", what.c_str());
+        return 1;
+    };
+    int ep = ::epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0) return fail(std::string("epoll_create1: ") + std::strerror(errno));
+    std::vector<PingConn> pc(static_cast<size_t>(conns));
+    for (int k = 0; k < conns; ++k) {
+        PingConn& c = pc[static_cast<size_t>(k)];
+        c.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        // Connect blocking (bounded by SO_SNDTIMEO), then switch to nonblocking.
+        timeval tv{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+        ::setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (c.fd < 0 || ::connect(c.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0)
+            return fail("connection " + std::to_string(k) + ": connect: " + std::strerror(errno));
+        noDelay(c.fd);
+        ::fcntl(c.fd, F_SETFL, ::fcntl(c.fd, F_GETFL) | O_NONBLOCK);
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u32 = static_cast<uint32_t>(k);
+        ::epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &ev);
+    }
+    std::vector<unsigned char> req(size), resp(size);
+    for (size_t i = 0; i < size; ++i) req[i] = static_cast<unsigned char>('a' + i % 26);
+    std::vector<int64_t> rtt_ns;
+    rtt_ns.reserve(static_cast<size_t>(iters) * static_cast<size_t>(conns));
+    std::vector<std::vector<unsigned char>> answers(static_cast<size_t>(conns),
+                                                    std::vector<unsigned char>(size));
+    std::string error;
+    int warmed = 0, done = 0;
+    int64_t start_ns = 0;
+    auto startTimed = [&] {
+        start_ns = nowNs();
+        for (PingConn& c : pc)
+            if (!sendRequest(c, req, error)) return false;
+        return true;
+    };
+    if (warmup == 0) {
+        warmed = conns;
+        if (!startTimed()) return fail(error);
+    } else {
+        for (PingConn& c : pc)
+            if (!sendRequest(c, req, error)) return fail(error);
+    }
+    epoll_event events[256];
+    while (done < conns) {
+        int n = ::epoll_wait(ep, events, 256, static_cast<int>(timeout_ms));
+        if (n == 0) return fail("no answer within " + std::to_string(timeout_ms) + " ms");
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return fail(std::string("epoll_wait: ") + std::strerror(errno));
+        }
+        for (int e = 0; e < n; ++e) {
+            size_t k = events[e].data.u32;
+            PingConn& c = pc[k];
+            std::vector<unsigned char>& a = answers[k];
+            ssize_t r = ::recv(c.fd, a.data() + c.got, size - c.got, 0);
+            if (r < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+            if (r <= 0)
+                return fail("connection " + std::to_string(k) + ": read " + std::to_string(c.i) +
+                            (r == 0 ? ": EOF" : ": " + std::string(std::strerror(errno))));
+            c.got += static_cast<size_t>(r);
+            if (c.got < size) continue;
+            const int64_t t1 = nowNs();
+            uint64_t seq = static_cast<uint64_t>(c.i);
+            std::memcpy(req.data(), &seq, std::min(size, sizeof seq));
+            if (std::memcmp(req.data(), a.data(), size) != 0)
+                return fail("connection " + std::to_string(k) + ": answer " +
+                            std::to_string(c.i) + " does not match its request");
+            if (c.i >= warmup) rtt_ns.push_back(t1 - c.t0);
+            ++c.i;
+            if (c.i == warmup + iters) {
+                ++done;
+                continue;
+            }
+            if (c.i == warmup) {
+                if (++warmed == conns && !startTimed()) return fail(error);
+                continue;  // waits for the others to finish warming up
+            }
+            if (!sendRequest(c, req, error)) return fail("connection " + std::to_string(k) + ": " + error);
+        }
+    }
+    const int64_t end_ns = nowNs();
+    for (PingConn& c : pc) ::close(c.fd);
+    ::close(ep);
+    printResult(conns, iters, size, rtt_ns, start_ns, end_ns);
+    return 0;
+}
+
 int runClient(const sockaddr_in& addr, size_t size, long iters, long warmup, long timeout_ms,
               int conns) {
+    if (conns > 1) return runClientEvents(addr, size, iters, warmup, timeout_ms, conns);
     std::atomic<int> warmed{0};
     std::vector<std::vector<int64_t>> samples(static_cast<size_t>(conns));
     std::vector<int64_t> starts(static_cast<size_t>(conns)), ends(static_cast<size_t>(conns));
@@ -215,17 +432,8 @@ int runClient(const sockaddr_in& addr, size_t size, long iters, long warmup, lon
     }
     std::vector<int64_t> rtt_ns;
     for (auto& v : samples) rtt_ns.insert(rtt_ns.end(), v.begin(), v.end());
-    const int64_t t0 = *std::min_element(starts.begin(), starts.end());
-    const int64_t t1 = *std::max_element(ends.begin(), ends.end());
-    double sum = 0;
-    for (int64_t v : rtt_ns) sum += static_cast<double>(v);
-    std::sort(rtt_ns.begin(), rtt_ns.end());
-    std::printf(
-        "{\"conns\":%d,\"iters\":%ld,\"size\":%zu,\"req_per_s\":%.0f,\"p50_us\":%.1f,"
-        "\"p99_us\":%.1f,\"p999_us\":%.1f,\"max_us\":%.1f,\"mean_us\":%.2f}\n",
-        conns, iters, size, static_cast<double>(rtt_ns.size()) * 1e9 / static_cast<double>(t1 - t0),
-        percentileUs(rtt_ns, 0.50), percentileUs(rtt_ns, 0.99), percentileUs(rtt_ns, 0.999),
-        percentileUs(rtt_ns, 1.0), sum / static_cast<double>(rtt_ns.size()) / 1e3);
+    printResult(conns, iters, size, rtt_ns, *std::min_element(starts.begin(), starts.end()),
+                *std::max_element(ends.begin(), ends.end()));
     return 0;
 }
 
