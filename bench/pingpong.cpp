@@ -178,15 +178,17 @@ int runServer(const sockaddr_in& addr, size_t size, int seconds) {
                 drop(fd);
                 continue;
             }
-            ssize_t r = c.pending.empty() ? ::recv(fd, buf.data(), buf.size(), 0) : -1;
-            if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
-                if (r == 0 || c.pending.empty()) drop(fd);
-                continue;
-            }
-            if (r > 0) c.pending.assign(buf.begin(), buf.begin() + r);
-            if (!flush(fd, c)) {
-                drop(fd);
-                continue;
+            if (c.pending.empty()) {
+                ssize_t r = ::recv(fd, buf.data(), buf.size(), 0);
+                if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR)) {
+                    drop(fd);
+                    continue;
+                }
+                if (r > 0) c.pending.assign(buf.begin(), buf.begin() + r);
+                if (!flush(fd, c)) {
+                    drop(fd);
+                    continue;
+                }
             }
             // Waiting to write: stop reading until the answer is out (one request in flight).
             if (c.want_out != !c.pending.empty()) {
