@@ -163,6 +163,13 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .fallback = "true",
      .help =
          "TCP_NODELAY on both sockets: small writes go out at once (false: Nagle batches bulk)"},
+    {.name = "notsent_lowat",
+     .kind = Kind::Size,
+     .member = &ListenerConfig::notsent_lowat,
+     .fallback = "128KiB",
+     .max = 64 * kMiB,
+     .help = "TCP_NOTSENT_LOWAT on both sockets (splice, copy): unsent bytes a socket takes "
+             "before it reports full, so the relay, not the peer's ACKs, sends the rest; 0 = unset"},
 };
 
 template <class T>

@@ -32,6 +32,10 @@ struct ListenerConfig {
     // TCP_NODELAY on the client and upstream sockets. On by default, as in nginx: request/response
     // traffic must not wait for Nagle. Off lets the kernel coalesce a bulk flow's small sends.
     bool tcp_nodelay = true;
+    // TCP_NOTSENT_LOWAT on both sockets in splice and copy mode (0: not set): unsent bytes a
+    // socket takes before it reports itself full, so that bulk bytes wait in the relay's pipe
+    // and the relay sends them, not the peer's ACK processing on another CPU (tcp_options.cpp).
+    uint64_t notsent_lowat = 128 * 1024;
 
     bool operator==(const ListenerConfig&) const = default;
 };

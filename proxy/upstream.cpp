@@ -1,16 +1,13 @@
 #include "upstream.hpp"
 
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 namespace zcrelay {
 
-Result<UniqueFd> openUpstreamSocket(int family, bool nodelay) {
+Result<UniqueFd> openUpstreamSocket(int family) {
     UniqueFd fd(::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP));
     if (!fd) return sysError("socket");
-    int one = 1;
-    if (nodelay) ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return fd;
 }
 

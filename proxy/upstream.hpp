@@ -6,8 +6,8 @@
 
 namespace zcrelay {
 
-// A nonblocking TCP socket for `family`, with TCP_NODELAY as the listener asks.
-Result<UniqueFd> openUpstreamSocket(int family, bool nodelay);
+// A nonblocking TCP socket for `family` (the caller applies the listener's TCP options).
+Result<UniqueFd> openUpstreamSocket(int family);
 
 // The metric reason for a connect CQE's -errno. -ECANCELED is the linked timeout firing.
 ConnectFailure classifyConnectError(int err);

@@ -17,6 +17,7 @@
 #include "pump/copy_pump.hpp"
 #include "pump/sockmap_pump.hpp"
 #include "pump/splice_pump.hpp"
+#include "tcp_options.hpp"
 #include "upstream.hpp"
 
 namespace zcrelay {
@@ -265,10 +266,7 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
             c->fd[0] = res;
             c->counted_active = true;
             stats_.listeners[li].accepted.add();
-            if (config_.listeners[li].tcp_nodelay) {
-                int one = 1;
-                ::setsockopt(res, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            }
+            applyTcpOptions(res, config_.listeners[li]);
             startConnect(*c, slot);
             // This worker's share of the fd budget is spent: stop accepting (backpressure:
             // clients wait in the kernel's queue) rather than run into EMFILE.
@@ -438,7 +436,7 @@ io_uring_sqe* Worker::sqeFor(Conn& c, uint32_t slot, Op op, int d) {
 
 void Worker::startConnect(Conn& c, uint32_t slot) {
     const ListenerConfig& lc = config_.listeners[c.listener];
-    auto fd = openUpstreamSocket(lc.upstream.family(), lc.tcp_nodelay);
+    auto fd = openUpstreamSocket(lc.upstream.family());
     if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
         // The fd budget keeps this rare, but pipes or the metrics server can take the last fds
         // between an accept and its upstream socket. The client is not dropped: it gets the
@@ -447,7 +445,7 @@ void Worker::startConnect(Conn& c, uint32_t slot) {
         pauseAccepting();
         if (spare_fd_) {
             spare_fd_.reset();
-            fd = openUpstreamSocket(lc.upstream.family(), lc.tcp_nodelay);
+            fd = openUpstreamSocket(lc.upstream.family());
         }
         if (!fd) {
             c.last_active_ms = now_ms_;  // the wait is bounded by connect_timeout from here
@@ -461,6 +459,7 @@ void Worker::startConnect(Conn& c, uint32_t slot) {
         return;
     }
     c.fd[1] = fd->release();
+    applyTcpOptions(c.fd[1], lc);
     io_uring_sqe* sqe = sqeFor(c, slot, Op::Connect, 0);
     io_uring_prep_connect(sqe, c.fd[1], lc.upstream.sockaddrPtr(), lc.upstream.length);
     // The linked timeout cancels the connect (CQE -ECANCELED) when connect_timeout runs out.

@@ -2,9 +2,13 @@
 // sockmap).
 // The oracle is what the peers see (byte-exact payloads, EOF/RST, timing) and the relay's own
 // Prometheus counters, waited on with deadlines; nothing sleeps and hopes.
+#include <dirent.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -246,6 +250,77 @@ TEST_P(SmallBurstTest, BurstsOfSmallWritesComeBackWholeEveryTime) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SmallBurstTest, ::testing::ValuesIn(kModes), modeName);
+
+// notsent_lowat reaches both sockets of a relayed connection in splice and copy mode, and stays
+// off in sockmap mode (where the kernel's psock worker sends). Read off the relay's own sockets:
+// pidfd_getfd duplicates each into this process, where getsockopt can ask.
+class NotsentLowatTest : public RelayModeTest {
+  protected:
+    // TCP_NOTSENT_LOWAT of every relay socket whose peer is on one of `peer_ports`.
+    std::vector<int> lowatsOfSocketsTo(const std::vector<uint16_t>& peer_ports) {
+        std::vector<int> found;
+        Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, relay_.pid(), 0)));
+        EXPECT_TRUE(pidfd) << "pidfd_open: " << std::strerror(errno);
+        std::string dir = "/proc/" + std::to_string(relay_.pid()) + "/fd";
+        DIR* d = ::opendir(dir.c_str());
+        EXPECT_NE(d, nullptr) << dir;
+        if (!pidfd || d == nullptr) return found;
+        while (dirent* e = ::readdir(d)) {
+            int target = std::atoi(e->d_name);
+            if (e->d_name[0] == '.' || target < 0) continue;
+            Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
+            sockaddr_storage peer{};
+            socklen_t len = sizeof peer;
+            if (!fd || ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) != 0)
+                continue;
+            uint16_t port = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+            if (std::find(peer_ports.begin(), peer_ports.end(), port) == peer_ports.end()) continue;
+            int lowat = -1;
+            socklen_t olen = sizeof lowat;
+            ::getsockopt(fd.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &olen);
+            found.push_back(lowat);
+        }
+        ::closedir(d);
+        return found;
+    }
+
+    void expectLowat(const std::string& extra_yaml, int want) {
+        ScriptedUpstream up(AF_INET, echoScript());
+        ASSERT_NO_FATAL_FAILURE(startRelay(up, mode(), [&](RelayConfig& c) {
+            c.listeners.at(0).extra_yaml = extra_yaml;
+        }));
+        Connected client = connectClient();
+        ASSERT_TRUE(client.fd) << client.error;
+        // One echo: the upstream connection exists once the bytes came back.
+        std::vector<uint8_t> msg(64, 'x'), back(64);
+        ASSERT_TRUE(writeAll(client.fd.get(), msg.data(), msg.size()).ok());
+        ASSERT_TRUE(readExactly(client.fd.get(), back.data(), back.size()).ok());
+        sockaddr_in local{};
+        socklen_t len = sizeof local;
+        ::getsockname(client.fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
+        std::vector<int> lowats = lowatsOfSocketsTo({ntohs(local.sin_port), up.port()});
+        ASSERT_EQ(lowats.size(), 2u) << "the relay's client-side and upstream-side sockets";
+        EXPECT_EQ(lowats[0], want);
+        EXPECT_EQ(lowats[1], want);
+    }
+
+    int expectedDefault() const { return mode() == "sockmap" ? 0 : 128 * 1024; }
+};
+
+TEST_P(NotsentLowatTest, DefaultIsSetOnBothSocketsOutsideSockmap) {
+    ASSERT_NO_FATAL_FAILURE(expectLowat("", expectedDefault()));
+}
+
+TEST_P(NotsentLowatTest, ConfiguredValueIsSetOutsideSockmap) {
+    ASSERT_NO_FATAL_FAILURE(expectLowat("    notsent_lowat: 256KiB\n",
+                                        mode() == "sockmap" ? 0 : 256 * 1024));
+}
+
+TEST_P(NotsentLowatTest, ZeroLeavesItUnset) {
+    ASSERT_NO_FATAL_FAILURE(expectLowat("    notsent_lowat: 0\n", 0));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, NotsentLowatTest, ::testing::ValuesIn(kModes), modeName);
 
 // =============================================================================================
 // 2. Half-close: a FIN is a SHUT_WR on the other side; the other direction keeps flowing.

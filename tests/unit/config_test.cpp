@@ -66,7 +66,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{
             "unknown_key.yaml",
             "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, upstream, "
-            "mode, pipe_size, connect_timeout, idle_timeout, tcp_nodelay"},
+            "mode, pipe_size, connect_timeout, idle_timeout, tcp_nodelay, notsent_lowat"},
         BadFixture{"wrong_type.yaml",
                    "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
         BadFixture{"workers_not_number.yaml",
@@ -124,6 +124,7 @@ TEST(LoadConfig, FullFixtureSetsEveryKey) {
     EXPECT_EQ(a.connect_timeout, 1ms);
     EXPECT_EQ(a.idle_timeout, 0ms);
     EXPECT_FALSE(a.tcp_nodelay);
+    EXPECT_EQ(a.notsent_lowat, 0u) << "0 turns it off";
 
     const ListenerConfig& b = c.listeners[1];
     EXPECT_EQ(b.name, "listener1");
@@ -134,6 +135,7 @@ TEST(LoadConfig, FullFixtureSetsEveryKey) {
     EXPECT_EQ(b.connect_timeout, 2min);
     EXPECT_EQ(b.idle_timeout, 720h);
     EXPECT_TRUE(b.tcp_nodelay) << "the default";
+    EXPECT_EQ(b.notsent_lowat, 128u * 1024) << "the default";
 }
 
 // The table's defaults must agree with the struct initialisers in config.hpp that other code
