@@ -398,7 +398,8 @@ int runClientEvents(const sockaddr_in& addr, size_t size, long iters, long warmu
                 if (++warmed == conns && !startTimed()) return fail(error);
                 continue;  // waits for the others to finish warming up
             }
-            if (!sendRequest(c, req, error)) return fail("connection " + std::to_string(k) + ": " + error);
+            if (!sendRequest(c, req, error))
+                return fail("connection " + std::to_string(k) + ": " + error);
         }
     }
     const int64_t end_ns = nowNs();

@@ -169,7 +169,8 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .fallback = "128KiB",
      .max = 64 * kMiB,
      .help = "TCP_NOTSENT_LOWAT on both sockets (splice, copy): unsent bytes a socket takes "
-             "before it reports full, so the relay, not the peer's ACKs, sends the rest; 0 = unset"},
+             "before it reports full, so the relay, not the peer's ACKs, sends the rest; "
+             "0 = unset"},
 };
 
 template <class T>
