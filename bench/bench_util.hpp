@@ -57,28 +57,37 @@ inline bool parseAddr(std::string_view s, sockaddr_in& out) {
     return ::inet_pton(AF_INET, host.c_str(), &out.sin_addr) == 1;
 }
 
-// The servers' loop: listen on `addr` (port 0 = the kernel picks), print the bound port alone on
-// the first stdout line (what the bench scripts wait for), then hand every accepted connection
-// to `serve(fd)` on a detached thread until `stop` is set or `seconds` pass; poll() first, so
-// the lifetime and SIGTERM are noticed with no client. exit() takes unfinished connections
-// down. Returns the exit code: 0, or 2 if the socket cannot be set up (reason on stderr).
-template <typename Serve>
-int serveLoop(const char* name, const sockaddr_in& addr, long seconds,
-              const volatile sig_atomic_t& stop, Serve serve) {
-    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+// A listening socket on `addr` (port 0 = the kernel picks) whose bound port is printed alone on
+// the first stdout line (what the bench scripts wait for). -1 if it cannot be set up (reason on
+// stderr). `type_flags` adds to SOCK_STREAM | SOCK_CLOEXEC, e.g. SOCK_NONBLOCK.
+inline int listenAndAnnounce(const char* name, const sockaddr_in& addr, int type_flags = 0) {
+    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | type_flags, 0);
     int one = 1;
     if (lfd < 0 || ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
         ::bind(lfd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0 ||
         ::listen(lfd, SOMAXCONN) < 0) {
         std::fprintf(stderr, "%s server: ", name);
         std::perror("socket/bind/listen");
-        return 2;
+        if (lfd >= 0) ::close(lfd);
+        return -1;
     }
     sockaddr_in bound{};
     socklen_t len = sizeof bound;
     ::getsockname(lfd, reinterpret_cast<sockaddr*>(&bound), &len);
     std::printf("%u\n", ntohs(bound.sin_port));
     std::fflush(stdout);
+    return lfd;
+}
+
+// The servers' loop: listenAndAnnounce, then hand every accepted connection to `serve(fd)` on a
+// detached thread until `stop` is set or `seconds` pass; poll() first, so the lifetime and
+// SIGTERM are noticed with no client. exit() takes unfinished connections down. Returns the
+// exit code: 0, or 2 if the socket cannot be set up.
+template <typename Serve>
+int serveLoop(const char* name, const sockaddr_in& addr, long seconds,
+              const volatile sig_atomic_t& stop, Serve serve) {
+    int lfd = listenAndAnnounce(name, addr);
+    if (lfd < 0) return 2;
     const int64_t end = nowNs() + int64_t{seconds} * 1'000'000'000;
     while (!stop && nowNs() < end) {
         pollfd p{lfd, POLLIN, 0};

@@ -120,20 +120,13 @@ struct EchoConn {
 };
 
 int runServer(const sockaddr_in& addr, size_t size, int seconds) {
-    int lfd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    int one = 1;
     int ep = ::epoll_create1(EPOLL_CLOEXEC);
-    if (lfd < 0 || ep < 0 || ::setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0 ||
-        ::bind(lfd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) < 0 ||
-        ::listen(lfd, SOMAXCONN) < 0) {
-        std::perror("pingpong server: socket/bind/listen");
+    if (ep < 0) {
+        std::perror("pingpong server: epoll_create1");
         return 2;
     }
-    sockaddr_in bound{};
-    socklen_t len = sizeof bound;
-    ::getsockname(lfd, reinterpret_cast<sockaddr*>(&bound), &len);
-    std::printf("%u\n", ntohs(bound.sin_port));
-    std::fflush(stdout);
+    int lfd = bench::listenAndAnnounce("pingpong", addr, SOCK_NONBLOCK);
+    if (lfd < 0) return 2;
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = lfd;
