@@ -42,7 +42,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -51,7 +50,6 @@
 #include <ctime>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -207,6 +205,20 @@ double percentileUs(const std::vector<int64_t>& sorted, double q) {
     return static_cast<double>(sorted[rank]) / 1e3;
 }
 
+// A request's bytes before its sequence number is stamped in.
+std::vector<unsigned char> requestBytes(size_t size) {
+    std::vector<unsigned char> req(size);
+    for (size_t i = 0; i < size; ++i) req[i] = static_cast<unsigned char>('a' + i % 26);
+    return req;
+}
+
+// Request `i`: its sequence number in the first 8 bytes (or as many as fit), so a stale or
+// duplicated answer does not match.
+void stampRequest(std::vector<unsigned char>& req, long i) {
+    uint64_t seq = static_cast<uint64_t>(i);
+    std::memcpy(req.data(), &seq, std::min(req.size(), sizeof seq));
+}
+
 // The client's JSON line; `rtt_ns` is sorted in place.
 void printResult(int conns, long iters, size_t size, std::vector<int64_t>& rtt_ns,
                  int64_t t0, int64_t t1) {
@@ -221,12 +233,11 @@ void printResult(int conns, long iters, size_t size, std::vector<int64_t>& rtt_n
         percentileUs(rtt_ns, 1.0), sum / static_cast<double>(rtt_ns.size()) / 1e3);
 }
 
-// One connection's round trips: `warmup` untimed, then `iters` timed into `rtt_ns`. Every
-// connection waits at `timed` (a count of connections done warming up) so that the timed phases
-// overlap and the aggregate rate is of all of them at once. false with `error` set on failure.
+// One connection's round trips with blocking sockets: `warmup` untimed, then `iters` timed into
+// `rtt_ns`, the timed phase from `start_ns` to `end_ns`. false with `error` set on failure.
 bool pingConn(const sockaddr_in& addr, size_t size, long iters, long warmup, long timeout_ms,
-              std::atomic<int>& warmed, int conns, std::vector<int64_t>& rtt_ns, int64_t& start_ns,
-              int64_t& end_ns, std::string& error) {
+              std::vector<int64_t>& rtt_ns, int64_t& start_ns, int64_t& end_ns,
+              std::string& error) {
     auto fail = [&](const char* what, long i) {
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s %ld: %s", what, i, std::strerror(errno));
@@ -246,21 +257,12 @@ bool pingConn(const sockaddr_in& addr, size_t size, long iters, long warmup, lon
     }
     noDelay(fd);
 
-    std::vector<unsigned char> req(size), resp(size);
-    for (size_t i = 0; i < size; ++i) req[i] = static_cast<unsigned char>('a' + i % 26);
+    std::vector<unsigned char> req = requestBytes(size), resp(size);
     rtt_ns.reserve(static_cast<size_t>(iters));
     bool ok = true;
     for (long i = 0; i < warmup + iters && ok; ++i) {
-        if (i == warmup) {
-            // Bounded: a connection that never arrives fails the run after the timeout.
-            warmed.fetch_add(1);
-            const int64_t deadline = nowNs() + int64_t{timeout_ms} * 1'000'000;
-            while (warmed.load() < conns && nowNs() < deadline) std::this_thread::yield();
-            start_ns = nowNs();
-        }
-        // Sequence number in the first 8 bytes (or as many as fit).
-        uint64_t seq = static_cast<uint64_t>(i);
-        std::memcpy(req.data(), &seq, std::min(size, sizeof seq));
+        if (i == warmup) start_ns = nowNs();
+        stampRequest(req, i);
         const int64_t t0 = nowNs();
         if (!writeAll(fd, req.data(), size)) {
             ok = fail("write", i);
@@ -281,7 +283,6 @@ bool pingConn(const sockaddr_in& addr, size_t size, long iters, long warmup, lon
         if (i >= warmup) rtt_ns.push_back(t1 - t0);
     }
     end_ns = nowNs();
-    if (!ok && warmed.load() < conns) warmed.fetch_add(1);  // do not hold the others back
     ::close(fd);
     return ok;
 }
@@ -299,8 +300,7 @@ struct PingConn {
 };
 
 bool sendRequest(PingConn& c, std::vector<unsigned char>& req, std::string& error) {
-    uint64_t seq = static_cast<uint64_t>(c.i);
-    std::memcpy(req.data(), &seq, std::min(req.size(), sizeof seq));
+    stampRequest(req, c.i);
     c.got = 0;
     c.t0 = nowNs();
     ssize_t w = ::send(c.fd, req.data(), req.size(), MSG_NOSIGNAL);
@@ -334,8 +334,7 @@ int runClientEvents(const sockaddr_in& addr, size_t size, long iters, long warmu
         ev.data.u32 = static_cast<uint32_t>(k);
         ::epoll_ctl(ep, EPOLL_CTL_ADD, c.fd, &ev);
     }
-    std::vector<unsigned char> req(size), resp(size);
-    for (size_t i = 0; i < size; ++i) req[i] = static_cast<unsigned char>('a' + i % 26);
+    std::vector<unsigned char> req = requestBytes(size);
     std::vector<int64_t> rtt_ns;
     rtt_ns.reserve(static_cast<size_t>(iters) * static_cast<size_t>(conns));
     std::vector<std::vector<unsigned char>> answers(static_cast<size_t>(conns),
@@ -376,8 +375,7 @@ int runClientEvents(const sockaddr_in& addr, size_t size, long iters, long warmu
             c.got += static_cast<size_t>(r);
             if (c.got < size) continue;
             const int64_t t1 = nowNs();
-            uint64_t seq = static_cast<uint64_t>(c.i);
-            std::memcpy(req.data(), &seq, std::min(size, sizeof seq));
+            stampRequest(req, c.i);  // what this answer must echo
             if (std::memcmp(req.data(), a.data(), size) != 0)
                 return fail("connection " + std::to_string(k) + ": answer " +
                             std::to_string(c.i) + " does not match its request");
@@ -405,31 +403,14 @@ int runClientEvents(const sockaddr_in& addr, size_t size, long iters, long warmu
 int runClient(const sockaddr_in& addr, size_t size, long iters, long warmup, long timeout_ms,
               int conns) {
     if (conns > 1) return runClientEvents(addr, size, iters, warmup, timeout_ms, conns);
-    std::atomic<int> warmed{0};
-    std::vector<std::vector<int64_t>> samples(static_cast<size_t>(conns));
-    std::vector<int64_t> starts(static_cast<size_t>(conns)), ends(static_cast<size_t>(conns));
-    std::vector<std::string> errors(static_cast<size_t>(conns));
-    std::vector<char> oks(static_cast<size_t>(conns), 0);
-    std::vector<std::thread> threads;
-    for (int c = 0; c < conns; ++c) {
-        threads.emplace_back([&, c] {
-            size_t i = static_cast<size_t>(c);
-            oks[i] = pingConn(addr, size, iters, warmup, timeout_ms, warmed, conns, samples[i],
-                              starts[i], ends[i], errors[i]);
-        });
-    }
-    for (auto& t : threads) t.join();
-    for (int c = 0; c < conns; ++c) {
-        if (!oks[static_cast<size_t>(c)]) {
-            std::fprintf(stderr, "pingpong client: connection %d: %s\n", c,
-                         errors[static_cast<size_t>(c)].c_str());
-            return 1;
-        }
-    }
     std::vector<int64_t> rtt_ns;
-    for (auto& v : samples) rtt_ns.insert(rtt_ns.end(), v.begin(), v.end());
-    printResult(conns, iters, size, rtt_ns, *std::min_element(starts.begin(), starts.end()),
-                *std::max_element(ends.begin(), ends.end()));
+    int64_t start_ns = 0, end_ns = 0;
+    std::string error;
+    if (!pingConn(addr, size, iters, warmup, timeout_ms, rtt_ns, start_ns, end_ns, error)) {
+        std::fprintf(stderr, "pingpong client: %s\n", error.c_str());
+        return 1;
+    }
+    printResult(1, iters, size, rtt_ns, start_ns, end_ns);
     return 0;
 }
 
