@@ -12,6 +12,8 @@ packages=(
   libbpf-dev bpftool clang llvm clang-format
   # tests
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
+  # fuzz targets (tests/fuzz): libFuzzer and the ASan/UBSan runtimes for the clang above
+  libclang-rt-dev
   # benches and peers
   haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
 )
