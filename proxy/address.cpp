@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/un.h>
 
 #include <algorithm>
 #include <charconv>
@@ -20,6 +21,10 @@ const sockaddr_in& v4(const SocketAddress& a) {
 const sockaddr_in6& v6(const SocketAddress& a) {
     return *reinterpret_cast<const sockaddr_in6*>(&a.storage);
 }
+const sockaddr_un& un(const SocketAddress& a) {
+    return *reinterpret_cast<const sockaddr_un*>(&a.storage);
+}
+constexpr std::string_view kUnixPrefix = "unix:";
 
 tl::expected<uint16_t, std::string> parsePort(std::string_view port, std::string_view text) {
     if (port.empty()) {
@@ -62,6 +67,7 @@ std::string SocketAddress::toString() const {
         out.append(host).append("]:").append(std::to_string(port()));
         return out;
     }
+    if (family() == AF_UNIX) return std::string(kUnixPrefix) + un(*this).sun_path;
     return "";
 }
 
@@ -71,6 +77,7 @@ bool SocketAddress::operator==(const SocketAddress& other) const {
     if (family() == AF_INET6) {
         return std::memcmp(&v6(*this).sin6_addr, &v6(other).sin6_addr, sizeof(in6_addr)) == 0;
     }
+    if (family() == AF_UNIX) return std::strcmp(un(*this).sun_path, un(other).sun_path) == 0;
     return true;  // both unset
 }
 
@@ -78,6 +85,21 @@ tl::expected<SocketAddress, std::string> parseAddress(std::string_view text) {
     if (text.empty()) return tl::unexpected("empty address; " + std::string(kExpected));
 
     SocketAddress address;
+    if (text.starts_with(kUnixPrefix)) {
+        const std::string_view path = text.substr(kUnixPrefix.size());
+        auto& sun = *reinterpret_cast<sockaddr_un*>(&address.storage);
+        if (path.empty() || path.front() != '/') {
+            return tl::unexpected(std::string("a unix socket needs an absolute path, e.g. unix:/run/app.sock"));
+        }
+        if (path.size() >= sizeof(sun.sun_path)) {
+            return tl::unexpected("unix socket path longer than " +
+                                  std::to_string(sizeof(sun.sun_path) - 1) + " bytes");
+        }
+        sun.sun_family = AF_UNIX;
+        std::memcpy(sun.sun_path, path.data(), path.size());
+        address.length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+        return address;
+    }
     std::string_view port;
     if (text.front() == '[') {
         const size_t close = text.find(']');

@@ -1,5 +1,6 @@
 #pragma once
-// A socket address as the config names it: "127.0.0.1:10000" or "[::1]:10000".
+// A socket address as the config names it: "127.0.0.1:10000", "[::1]:10000" or, for a
+// backend, "unix:/run/app.sock".
 #include <sys/socket.h>
 
 #include <string>
@@ -22,8 +23,8 @@ struct SocketAddress {
     bool operator==(const SocketAddress& other) const;
 };
 
-// Accepts numeric IPv4 "a.b.c.d:port" and bracketed IPv6 "[addr]:port" (port 0..65535; 0 lets
-// the kernel choose). No name resolution: a relay must not block on DNS at start-up or reload.
+// Accepts numeric IPv4 "a.b.c.d:port", bracketed IPv6 "[addr]:port" (port 0..65535; 0 lets
+// the kernel choose) and "unix:/absolute/path". No name resolution: a relay must not block on DNS at start-up or reload.
 // The error says what is wrong with the text, without the key (the caller adds the key).
 tl::expected<SocketAddress, std::string> parseAddress(std::string_view text);
 

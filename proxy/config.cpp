@@ -8,6 +8,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <map>
@@ -53,14 +54,51 @@ std::string typeName(const YAML::Node& node) {
     return "nothing";
 }
 
-constexpr std::array kModes = {Mode::Splice, Mode::Copy, Mode::Sockmap};
+// The named values of each enum a key can take, in the order help texts list them.
+template <class E>
+struct Choices;
+template <>
+struct Choices<Mode> {
+    static constexpr std::string_view noun = "mode";
+    static constexpr std::array values = {Mode::Splice, Mode::Copy, Mode::Sockmap};
+    static std::string_view name(Mode m) { return modeName(m); }
+};
+template <>
+struct Choices<ProxyVersion> {
+    static constexpr std::string_view noun = "PROXY protocol version";
+    static constexpr std::array values = {ProxyVersion::Off, ProxyVersion::V1, ProxyVersion::V2};
+    static std::string_view name(ProxyVersion v) { return proxyVersionName(v); }
+};
+template <>
+struct Choices<Balance> {
+    static constexpr std::string_view noun = "balance algorithm";
+    static constexpr std::array values = {Balance::RoundRobin, Balance::LeastConn,
+                                          Balance::Random, Balance::SourceHash};
+    static std::string_view name(Balance b) { return balanceName(b); }
+};
+template <>
+struct Choices<AccessLogFormat> {
+    static constexpr std::string_view noun = "log format";
+    static constexpr std::array values = {AccessLogFormat::Json, AccessLogFormat::Text};
+    static std::string_view name(AccessLogFormat f) { return logFormatName(f); }
+};
+
+template <class E>
+std::string choiceList() {
+    std::string names;
+    for (E v : Choices<E>::values)
+        names += (names.empty() ? "" : ", ") + std::string(Choices<E>::name(v));
+    return names;
+}
 
 // How a key's text parses, renders and states its range.
-enum class Kind { Count, Duration, Size, Address, OptionalAddress, Mode, Name, Bool };
+//   Text: any string (health check bytes, a file path); Name: an identifier.
+enum class Kind { Count, Duration, Size, Address, OptionalAddress, Choice, Name, Text, Bool };
 
 template <class T>
-using Member = std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*,
-                            Mode T::*, std::string T::*, bool T::*>;
+using Member =
+    std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*, Mode T::*,
+                 ProxyVersion T::*, Balance T::*, AccessLogFormat T::*, std::string T::*, bool T::*>;
 
 // One config key. The parser, renderConfig() and defaultConfigYaml() (the example config) all
 // read these tables, so defaults, ranges and help cannot drift apart.
@@ -100,6 +138,151 @@ const Key<Config> kTopKeys[] = {
      .fallback = "4096",
      .max = 100000,
      .help = "pipes (2 fds each) the whole process may hold; 0 = never splice, always copy"},
+    {.name = "max_connections",
+     .kind = Kind::Count,
+     .member = &Config::max_connections,
+     .fallback = "0",
+     .max = 10000000,
+     .help = "live connections over all listeners; at the limit accepting stops; 0 = no limit"},
+};
+
+const Key<AccessLogConfig> kAccessLogKeys[] = {
+    {.name = "path",
+     .kind = Kind::Text,
+     .member = &AccessLogConfig::path,
+     .help = "one line per finished connection to this file; \"-\" = stdout; \"\" = off"},
+    {.name = "format",
+     .kind = Kind::Choice,
+     .member = &AccessLogConfig::format,
+     .fallback = "json",
+     .help = "json: one JSON object per line; text: space-separated fields (README)"},
+};
+
+const Key<KeepaliveConfig> kKeepaliveKeys[] = {
+    {.name = "idle",
+     .kind = Kind::Duration,
+     .member = &KeepaliveConfig::idle,
+     .fallback = "0",
+     .max = ms(std::chrono::hours(24 * 7)),
+     .help = "TCP keepalive: first probe after this long idle; 0 = keepalive off"},
+    {.name = "interval",
+     .kind = Kind::Duration,
+     .member = &KeepaliveConfig::interval,
+     .fallback = "10s",
+     .min = ms(1s),
+     .max = ms(std::chrono::hours(24)),
+     .help = "between probes"},
+    {.name = "count",
+     .kind = Kind::Count,
+     .member = &KeepaliveConfig::count,
+     .fallback = "6",
+     .min = 1,
+     .max = 127,
+     .help = "unanswered probes before the connection is reset"},
+};
+
+const Key<HealthCheckConfig> kHealthCheckKeys[] = {
+    {.name = "interval",
+     .kind = Kind::Duration,
+     .member = &HealthCheckConfig::interval,
+     .fallback = "2s",
+     .min = ms(10ms),
+     .max = ms(1h),
+     .help = "time between two checks of a backend"},
+    {.name = "timeout",
+     .kind = Kind::Duration,
+     .member = &HealthCheckConfig::timeout,
+     .fallback = "1s",
+     .min = ms(1ms),
+     .max = ms(10min),
+     .help = "a check that has not passed within this fails"},
+    {.name = "rise",
+     .kind = Kind::Count,
+     .member = &HealthCheckConfig::rise,
+     .fallback = "2",
+     .min = 1,
+     .max = 1000,
+     .help = "passed checks in a row that bring a down backend up"},
+    {.name = "fall",
+     .kind = Kind::Count,
+     .member = &HealthCheckConfig::fall,
+     .fallback = "3",
+     .min = 1,
+     .max = 1000,
+     .help = "failed checks in a row that take an up backend down"},
+    {.name = "send",
+     .kind = Kind::Text,
+     .member = &HealthCheckConfig::send,
+     .max = 4096,
+     .help = "bytes to send once connected (YAML escapes such as \\r\\n work); \"\" = none"},
+    {.name = "expect",
+     .kind = Kind::Text,
+     .member = &HealthCheckConfig::expect,
+     .max = 4096,
+     .help = "the reply must start with these bytes; \"\" = connecting is enough"},
+};
+
+const Key<BackendConfig> kBackendKeys[] = {
+    {.name = "address",
+     .kind = Kind::Address,
+     .member = &BackendConfig::address,
+     .required = true,
+     .help = "required: 127.0.0.1:9001, \"[::1]:9001\" or unix:/path/to.sock"},
+    {.name = "weight",
+     .kind = Kind::Count,
+     .member = &BackendConfig::weight,
+     .fallback = "1",
+     .min = 1,
+     .max = 256,
+     .help = "share of new connections relative to the other backends"},
+    {.name = "send_proxy",
+     .kind = Kind::Choice,
+     .member = &BackendConfig::send_proxy,
+     .help = "overrides the cluster's send_proxy for this backend"},
+};
+
+const Key<ClusterConfig> kClusterKeys[] = {
+    {.name = "name",
+     .kind = Kind::Name,
+     .member = &ClusterConfig::name,
+     .required = true,
+     .help = "required, unique; listeners name it in `cluster`; the `cluster` metric label"},
+    {.name = "balance",
+     .kind = Kind::Choice,
+     .member = &ClusterConfig::balance,
+     .fallback = "round_robin",
+     .help = "round_robin: smooth weighted; least_conn: fewest live connections per weight; "
+             "random: the less loaded of two random picks; source_hash: by client address, "
+             "consistent"},
+    {.name = "send_proxy",
+     .kind = Kind::Choice,
+     .member = &ClusterConfig::send_proxy,
+     .fallback = "off",
+     .help = "send a PROXY protocol header (v1 text, v2 binary) before any relayed byte"},
+    {.name = "retries",
+     .kind = Kind::Count,
+     .member = &ClusterConfig::retries,
+     .fallback = "2",
+     .max = 100,
+     .help = "connect attempts after the first, each to another backend, within connect_timeout"},
+    {.name = "max_fails",
+     .kind = Kind::Count,
+     .member = &ClusterConfig::max_fails,
+     .fallback = "3",
+     .max = 1000,
+     .help = "connect failures in a row that take a backend down (passive ejection; never the "
+             "only one); 0 = never"},
+    {.name = "fail_timeout",
+     .kind = Kind::Duration,
+     .member = &ClusterConfig::fail_timeout,
+     .fallback = "10s",
+     .min = ms(1ms),
+     .max = ms(1h),
+     .help = "without health checks, how long an ejected backend stays down"},
+    {.name = "source",
+     .kind = Kind::OptionalAddress,
+     .member = &ClusterConfig::source,
+     .help = "local address of upstream sockets; port 0 = any port (IP_BIND_ADDRESS_NO_PORT)"},
 };
 
 const Key<MetricsConfig> kMetricsKeys[] = {
@@ -125,13 +308,48 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .member = &ListenerConfig::listen,
      .required = true,
      .help = "required: where clients connect (port 0: the kernel picks one)"},
+    {.name = "cluster",
+     .kind = Kind::Name,
+     .member = &ListenerConfig::cluster,
+     .help = "the cluster whose backends get this listener's clients (or `upstream`)"},
     {.name = "upstream",
-     .kind = Kind::Address,
+     .kind = Kind::OptionalAddress,
      .member = &ListenerConfig::upstream,
-     .required = true,
-     .help = "required: where each client's bytes are relayed to"},
+     .help = "shorthand for a cluster of one backend: where each client's bytes go"},
+    {.name = "accept_proxy",
+     .kind = Kind::Bool,
+     .member = &ListenerConfig::accept_proxy,
+     .fallback = "false",
+     .help = "clients start with a PROXY v1/v2 header; its source is the client from then on"},
+    {.name = "proxy_timeout",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::proxy_timeout,
+     .fallback = "5s",
+     .min = ms(1ms),
+     .max = ms(10min),
+     .help = "with accept_proxy: how long the header may take to arrive"},
+    {.name = "proxy_max_size",
+     .kind = Kind::Size,
+     .member = &ListenerConfig::proxy_max_size,
+     .fallback = "1KiB",
+     .min = 232,
+     .max = 64 * kKiB,
+     .help = "with accept_proxy: the longest v2 header (with TLVs) taken"},
+    {.name = "max_connections",
+     .kind = Kind::Count,
+     .member = &ListenerConfig::max_connections,
+     .fallback = "0",
+     .max = 10000000,
+     .help = "live connections of this listener; at the limit accepting stops; 0 = no limit"},
+    {.name = "max_connections_per_source",
+     .kind = Kind::Count,
+     .member = &ListenerConfig::max_connections_per_source,
+     .fallback = "0",
+     .max = 10000000,
+     .help = "live connections one client address may hold; past it new ones are closed; 0 = "
+             "no limit"},
     {.name = "mode",
-     .kind = Kind::Mode,
+     .kind = Kind::Choice,
      .member = &ListenerConfig::mode,
      .fallback = "splice",
      .help = "splice: socket -> pipe -> socket in the kernel; copy: io_uring recv/send through "
@@ -182,18 +400,22 @@ std::string rangeText(const Key<T>& key) {
             return formatSize(key.min) + ".." + formatSize(key.max);
         case Kind::Duration:
             return formatDuration(Duration(key.min)) + ".." + formatDuration(Duration(key.max));
-        case Kind::Mode: {
-            std::string names;
-            for (Mode m : kModes) names += (names.empty() ? "" : ", ") + std::string(modeName(m));
-            return names;
-        }
+        case Kind::Choice:
+            return std::visit(
+                [](auto member) -> std::string {
+                    using V = std::remove_cvref_t<decltype(std::declval<T>().*member)>;
+                    if constexpr (std::is_enum_v<V>) return choiceList<V>();
+                    return "";
+                },
+                key.member);
         default:
             return "";
     }
 }
 
-std::string expectedText(Kind kind) {
-    switch (kind) {
+template <class T>
+std::string expectedText(const Key<T>& key) {
+    switch (key.kind) {
         case Kind::Count:
             return "a whole number";
         case Kind::Duration:
@@ -203,10 +425,12 @@ std::string expectedText(Kind kind) {
         case Kind::Address:
         case Kind::OptionalAddress:
             return "an address such as 127.0.0.1:10000";
-        case Kind::Mode:
-            return "splice or copy";
+        case Kind::Choice:
+            return "one of: " + rangeText(key);
         case Kind::Name:
             return "a name";
+        case Kind::Text:
+            return "a string";
         case Kind::Bool:
             return "true or false";
     }
@@ -271,19 +495,27 @@ void assign(SocketAddress& out, const Key<T>& key, std::string_view text, const 
     out = *address;
 }
 
-template <class T>
-void assign(Mode& out, const Key<T>& key, std::string_view text, const Where& at) {
-    for (Mode m : kModes) {
-        if (modeName(m) == text) {
-            out = m;
+template <class T, class E>
+    requires std::is_enum_v<E>
+void assign(E& out, const Key<T>&, std::string_view text, const Where& at) {
+    for (E v : Choices<E>::values) {
+        if (Choices<E>::name(v) == text) {
+            out = v;
             return;
         }
     }
-    fail(at, quoted(text) + " is not a mode; expected one of: " + rangeText(key));
+    fail(at, quoted(text) + " is not a " + std::string(Choices<E>::noun) +
+                 "; expected one of: " + choiceList<E>());
 }
 
 template <class T>
-void assign(std::string& out, const Key<T>&, std::string_view text, const Where& at) {
+void assign(std::string& out, const Key<T>& key, std::string_view text, const Where& at) {
+    if (key.kind == Kind::Text) {
+        if (key.max > 0 && text.size() > key.max)
+            fail(at, "longer than " + std::to_string(key.max) + " bytes");
+        out = text;
+        return;
+    }
     const bool valid =
         !text.empty() && text.size() <= 64 && std::all_of(text.begin(), text.end(), [](char c) {
             return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
@@ -345,7 +577,7 @@ std::map<std::string, YAML::Node> parseMap(std::string_view source, const YAML::
         // A missing value has the mark of whatever follows it, often the next line: use the key's.
         const Where value_at = value.IsNull() ? key_at : whereOf(source, value, prefix + name);
         if (!value.IsScalar()) {
-            fail(value_at, "expected " + expectedText(key->kind) + ", got " + typeName(value));
+            fail(value_at, "expected " + expectedText(*key) + ", got " + typeName(value));
         }
         parseValue(target, *key, value.Scalar(), value_at);
     }
@@ -365,19 +597,137 @@ Where whereOfKey(std::string_view source, const YAML::Node& map, const char* key
     return whereOf(source, value.IsDefined() ? value : map, std::move(path));
 }
 
-void parseListeners(std::string_view source, const YAML::Node& list, Config& config) {
-    const Where at = whereOf(source, list, "listeners");
-    if (!list.IsSequence()) fail(at, "expected a sequence of listeners, got " + typeName(list));
-    if (list.size() == 0) fail(at, "empty; at least one listener is needed");
+// A map-valued key (absent = an empty map: every key takes its fallback).
+template <class T>
+std::map<std::string, YAML::Node> parseNestedMap(
+    std::string_view source, const std::map<std::string, YAML::Node>& nested, const char* key,
+    const std::string& path, std::span<const Key<T>> keys, T& target,
+    std::initializer_list<std::string_view> inner = {}) {
+    const auto it = nested.find(key);
+    if (it != nested.end() && !it->second.IsMap()) {
+        fail(whereOf(source, it->second, path),
+             "expected a map, got " + typeName(it->second));
+    }
+    return parseMap<T>(source, it != nested.end() ? it->second : YAML::Node(YAML::NodeType::Map),
+                       path + ".", keys, target, inner);
+}
+
+// The items of a sequence-valued key, each checked to be a map.
+std::vector<YAML::Node> sequenceOfMaps(std::string_view source, const YAML::Node& list,
+                                       const std::string& path, std::string_view item) {
+    const Where at = whereOf(source, list, path);
+    if (!list.IsSequence()) {
+        fail(at, "expected a sequence of " + std::string(item) + "s, got " + typeName(list));
+    }
+    if (list.size() == 0) fail(at, "empty; at least one " + std::string(item) + " is needed");
+    std::vector<YAML::Node> items;
     for (size_t i = 0; i < list.size(); ++i) {
         const YAML::Node node = list[i];
-        const std::string path = "listeners[" + std::to_string(i) + "]";
         if (!node.IsMap()) {
-            fail(whereOf(source, node, path), "expected a map, got " + typeName(node));
+            fail(whereOf(source, node, path + "[" + std::to_string(i) + "]"),
+                 "expected a map, got " + typeName(node));
         }
+        items.push_back(node);
+    }
+    return items;
+}
+
+void checkTcpAddress(std::string_view source, const YAML::Node& map, const char* key,
+                     const std::string& path, const SocketAddress& a) {
+    if (a.family() == AF_UNIX) {
+        fail(whereOfKey(source, map, key, path + "." + key),
+             "unix sockets are only supported as backend addresses");
+    }
+}
+
+void parseClusters(std::string_view source, const YAML::Node& list, Config& config) {
+    const auto items = sequenceOfMaps(source, list, "clusters", "cluster");
+    for (size_t i = 0; i < items.size(); ++i) {
+        const YAML::Node& node = items[i];
+        const std::string path = "clusters[" + std::to_string(i) + "]";
+        ClusterConfig cluster;
+        const auto nested = parseMap<ClusterConfig>(source, node, path + ".", kClusterKeys, cluster,
+                                                    {"health_check", "tcp_keepalive", "backends"});
+        checkTcpAddress(source, node, "source", path, cluster.source);
+        cluster.health_check.enabled = nested.count("health_check") > 0;
+        parseNestedMap<HealthCheckConfig>(source, nested, "health_check", path + ".health_check",
+                                          kHealthCheckKeys, cluster.health_check);
+        parseNestedMap<KeepaliveConfig>(source, nested, "tcp_keepalive", path + ".tcp_keepalive",
+                                        kKeepaliveKeys, cluster.tcp_keepalive);
+        const auto backends = nested.find("backends");
+        if (backends == nested.end()) {
+            fail(whereOf(source, node, path + ".backends"), "missing required key");
+        }
+        const auto backend_nodes =
+            sequenceOfMaps(source, backends->second, path + ".backends", "backend");
+        for (size_t b = 0; b < backend_nodes.size(); ++b) {
+            const std::string bpath = path + ".backends[" + std::to_string(b) + "]";
+            BackendConfig backend;
+            backend.send_proxy = cluster.send_proxy;  // unless the backend sets its own
+            parseMap<BackendConfig>(source, backend_nodes[b], bpath + ".", kBackendKeys, backend);
+            for (size_t e = 0; e < cluster.backends.size(); ++e) {
+                if (cluster.backends[e].address == backend.address) {
+                    fail(whereOfKey(source, backend_nodes[b], "address", bpath + ".address"),
+                         backend.address.toString() + " is already " + path + ".backends[" +
+                             std::to_string(e) + "]");
+                }
+            }
+            if (cluster.source.length != 0 && backend.address.family() != AF_UNIX &&
+                backend.address.family() != cluster.source.family()) {
+                fail(whereOfKey(source, backend_nodes[b], "address", bpath + ".address"),
+                     backend.address.toString() + " is not in the family of source " +
+                         cluster.source.toString());
+            }
+            cluster.backends.push_back(std::move(backend));
+        }
+        for (size_t j = 0; j < i; ++j) {
+            if (config.clusters[j].name == cluster.name) {
+                fail(whereOfKey(source, node, "name", path + ".name"),
+                     quoted(cluster.name) + " is already the name of clusters[" +
+                         std::to_string(j) + "]");
+            }
+        }
+        config.clusters.push_back(std::move(cluster));
+    }
+}
+
+void parseListeners(std::string_view source, const YAML::Node& list, Config& config) {
+    const auto items = sequenceOfMaps(source, list, "listeners", "listener");
+    for (size_t i = 0; i < items.size(); ++i) {
+        const YAML::Node& node = items[i];
+        const std::string path = "listeners[" + std::to_string(i) + "]";
         ListenerConfig listener;
-        parseMap<ListenerConfig>(source, node, path + ".", kListenerKeys, listener);
+        const auto nested = parseMap<ListenerConfig>(source, node, path + ".", kListenerKeys,
+                                                     listener, {"tcp_keepalive"});
+        parseNestedMap<KeepaliveConfig>(source, nested, "tcp_keepalive", path + ".tcp_keepalive",
+                                        kKeepaliveKeys, listener.tcp_keepalive);
         if (listener.name.empty()) listener.name = "listener" + std::to_string(i);
+        checkTcpAddress(source, node, "listen", path, listener.listen);
+        const bool has_upstream = listener.upstream.length != 0;
+        if (has_upstream == !listener.cluster.empty()) {
+            fail(whereOf(source, node, path),
+                 has_upstream ? "set `cluster` or `upstream`, not both"
+                              : "missing `cluster` (or `upstream`, a one-backend cluster)");
+        }
+        if (!has_upstream) {
+            const auto it =
+                std::find_if(config.clusters.begin(), config.clusters.end(),
+                             [&](const ClusterConfig& c) { return c.name == listener.cluster; });
+            if (it == config.clusters.end()) {
+                fail(whereOfKey(source, node, "cluster", path + ".cluster"),
+                     "no cluster named " + quoted(listener.cluster));
+            }
+        } else {
+            // The shorthand's cluster carries the listener's name: it must not shadow one.
+            for (size_t j = 0; j < config.clusters.size(); ++j) {
+                if (config.clusters[j].name == listener.name) {
+                    fail(whereOfKey(source, node, "upstream", path + ".upstream"),
+                         "the cluster this makes, named after the listener, clashes with "
+                         "clusters[" + std::to_string(j) + "] " + quoted(listener.name) +
+                             "; name the listener otherwise or use `cluster`");
+                }
+            }
+        }
         for (size_t j = 0; j < i; ++j) {
             const ListenerConfig& earlier = config.listeners[j];
             const std::string earlier_path = "listeners[" + std::to_string(j) + "]";
@@ -428,20 +778,16 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
                            : "expected a map of settings, got " + typeName(root));
     }
     Config config;
-    const auto nested =
-        parseMap<Config>(source, root, "", kTopKeys, config, {"metrics", "listeners"});
-
-    const auto metrics = nested.find("metrics");
-    if (metrics != nested.end() && !metrics->second.IsMap()) {
-        fail(whereOf(source, metrics->second, "metrics"),
-             "expected a map, got " + typeName(metrics->second));
-    }
-    // An absent `metrics` parses as an empty map: every key takes its default.
-    parseMap<MetricsConfig>(
-        source, metrics != nested.end() ? metrics->second : YAML::Node(YAML::NodeType::Map),
-        "metrics.", kMetricsKeys, config.metrics);
+    const auto nested = parseMap<Config>(source, root, "", kTopKeys, config,
+                                         {"metrics", "access_log", "clusters", "listeners"});
+    parseNestedMap<MetricsConfig>(source, nested, "metrics", "metrics", kMetricsKeys,
+                                  config.metrics);
     config.metrics.enabled = config.metrics.enabled && config.metrics.listen.length != 0;
+    parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
+                                    config.access_log);
 
+    if (const auto clusters = nested.find("clusters"); clusters != nested.end())
+        parseClusters(source, clusters->second, config);
     const auto listeners = nested.find("listeners");
     if (listeners == nested.end()) fail(whereOf(source, root, "listeners"), "missing required key");
     parseListeners(source, listeners->second, config);
@@ -451,6 +797,30 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
 unsigned onlineCpus() {
     const long n = sysconf(_SC_NPROCESSORS_ONLN);
     return static_cast<unsigned>(std::clamp(n, 1L, 256L));
+}
+
+// A YAML double-quoted scalar that reads back as exactly `text`, whatever bytes it holds.
+std::string yamlQuoted(std::string_view text) {
+    std::string out = "\"";
+    for (unsigned char c : text) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if (c == '\t') {
+            out += "\\t";
+        } else if (c < 0x20 || c >= 0x7f) {
+            char hex[5];
+            std::snprintf(hex, sizeof hex, "\\x%02x", c);
+            out += hex;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + "\"";
 }
 
 template <class T>
@@ -464,9 +834,12 @@ std::string renderValue(const T& target, const Key<T>& key) {
         // IPv6 must be quoted: a plain "[" would open a YAML sequence.
         if constexpr (std::is_same_v<V, SocketAddress>)
             return value.family() == AF_INET ? value.toString() : quoted(value.toString());
-        if constexpr (std::is_same_v<V, Mode>) return std::string(modeName(value));
-        // Quoted so names such as "null" or "-" read back as the same string.
-        if constexpr (std::is_same_v<V, std::string>) return quoted(value);
+        if constexpr (std::is_enum_v<V>) return std::string(Choices<V>::name(value));
+        if constexpr (std::is_same_v<V, std::string>) {
+            if (key.kind == Kind::Text) return yamlQuoted(value);
+            // Quoted so names such as "null" or "-" read back as the same string.
+            return value.empty() ? "" : quoted(value);
+        }
         if constexpr (std::is_same_v<V, bool>) return value ? "true" : "false";
     };
     return std::visit([&](auto member) { return show(target.*member); }, key.member);
@@ -475,9 +848,11 @@ std::string renderValue(const T& target, const Key<T>& key) {
 // `first_indent` replaces `indent` on the first line (the "- " of a sequence item).
 template <class T>
 void renderKeys(std::string& out, const T& target, std::span<const Key<T>> keys, bool with_help,
-                std::string_view indent, std::string_view first_indent) {
+                std::string_view indent, std::string_view first_indent,
+                std::string_view skip = {}) {
     for (size_t i = 0; i < keys.size(); ++i) {
         const Key<T>& key = keys[i];
+        if (key.name == skip) continue;
         const std::string_view line_indent = i == 0 ? first_indent : indent;
         const std::string value = renderValue(target, key);
         if (with_help) {
@@ -493,19 +868,101 @@ void renderKeys(std::string& out, const T& target, std::span<const Key<T>> keys,
     }
 }
 
+void renderCluster(std::string& out, const ClusterConfig& c, bool with_help) {
+    renderKeys<ClusterConfig>(out, c, kClusterKeys, with_help, "    ", "  - ");
+    out += "    tcp_keepalive:\n";
+    renderKeys<KeepaliveConfig>(out, c.tcp_keepalive, kKeepaliveKeys, with_help, "      ",
+                                "      ");
+    if (c.health_check.enabled) {
+        out += "    health_check:\n";
+        renderKeys<HealthCheckConfig>(out, c.health_check, kHealthCheckKeys, with_help, "      ",
+                                      "      ");
+    }
+    out += "    backends:\n";
+    for (const BackendConfig& b : c.backends)
+        renderKeys<BackendConfig>(out, b, kBackendKeys, with_help, "        ", "      - ");
+}
+
 std::string render(const Config& config, bool with_help) {
     std::string out;
     renderKeys<Config>(out, config, kTopKeys, with_help, "", "");
     out += "metrics:\n";
     renderKeys<MetricsConfig>(out, config.metrics, kMetricsKeys, with_help, "  ", "  ");
+    out += "access_log:\n";
+    renderKeys<AccessLogConfig>(out, config.access_log, kAccessLogKeys, with_help, "  ", "  ");
+    if (!config.clusters.empty()) {
+        out += "clusters:\n";
+        for (const ClusterConfig& c : config.clusters) renderCluster(out, c, with_help);
+    } else if (with_help) {
+        // The default has no cluster; the example still documents every cluster key, commented
+        // out so it stays loadable.
+        ClusterConfig sample;
+        sample.name = "app";
+        sample.health_check.enabled = true;
+        sample.backends.push_back({parseAddress("127.0.0.1:9001").value(), 2, ProxyVersion::Off});
+        sample.backends.push_back({parseAddress("127.0.0.1:9002").value(), 1, ProxyVersion::Off});
+        std::string block = "clusters:\n";
+        renderCluster(block, sample, true);
+        out += "# A listener names a cluster of backends instead of one `upstream`:\n";
+        for (size_t at = 0; at < block.size();) {
+            const size_t end = block.find('\n', at);
+            const std::string_view line(block.data() + at, end - at);
+            out += "# " + std::string(line) + "\n";
+            at = end + 1;
+        }
+    }
     out += "listeners:\n";
     for (const ListenerConfig& listener : config.listeners) {
-        renderKeys<ListenerConfig>(out, listener, kListenerKeys, with_help, "    ", "  - ");
+        // A listener routes by `cluster` or by `upstream`: the other key is left out.
+        renderKeys<ListenerConfig>(out, listener, kListenerKeys, with_help, "    ", "  - ",
+                                   listener.cluster.empty() ? "cluster" : "upstream");
+        out += "    tcp_keepalive:\n";
+        renderKeys<KeepaliveConfig>(out, listener.tcp_keepalive, kKeepaliveKeys, with_help,
+                                    "      ", "      ");
     }
     return out;
 }
 
 }  // namespace
+
+std::string_view proxyVersionName(ProxyVersion v) {
+    switch (v) {
+        case ProxyVersion::Off:
+            return "off";
+        case ProxyVersion::V1:
+            return "v1";
+        case ProxyVersion::V2:
+            return "v2";
+    }
+    return "?";
+}
+
+std::string_view logFormatName(AccessLogFormat f) { return f == AccessLogFormat::Json ? "json" : "text"; }
+
+std::vector<ClusterConfig> clustersOf(const Config& config) {
+    std::vector<ClusterConfig> clusters = config.clusters;
+    for (const ListenerConfig& l : config.listeners) {
+        if (l.cluster.empty()) {
+            ClusterConfig c;
+            c.name = l.name;
+            c.backends.push_back({l.upstream, 1, ProxyVersion::Off});
+            clusters.push_back(std::move(c));
+        }
+    }
+    return clusters;
+}
+
+size_t clusterIndex(const Config& config, size_t listener) {
+    const ListenerConfig& l = config.listeners[listener];
+    if (!l.cluster.empty()) {
+        for (size_t i = 0; i < config.clusters.size(); ++i)
+            if (config.clusters[i].name == l.cluster) return i;
+    }
+    size_t implicit = config.clusters.size();
+    for (size_t i = 0; i < listener; ++i)
+        if (config.listeners[i].cluster.empty()) ++implicit;
+    return implicit;
+}
 
 std::string_view modeName(Mode m) {
     switch (m) {
@@ -545,7 +1002,7 @@ std::string_view defaultConfigYaml() {
     static const std::string yaml = [] {
         constexpr std::string_view kHeader =
             "# zcrelay configuration, printed by `zcrelay --print-default-config`.\n"
-            "# Every key shows its default; only listeners[].listen and .upstream are required.\n"
+            "# Every key shows its default. Required: listeners[].listen, and .upstream or .cluster.\n"
             "# Durations: 100us (rounded up to 1ms), 250ms, 5s, 2m, 1h; \"0\" alone means zero.\n"
             "# Sizes: bytes, or B, KiB, MiB, GiB (K, M, G mean the same powers of 1024).\n"
             "# Addresses are numeric, never resolved: 127.0.0.1:10000, or quoted \"[::1]:10000\".\n"

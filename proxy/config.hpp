@@ -7,7 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include "access_log.hpp"
 #include "address.hpp"
+#include "balance.hpp"
 #include "units.hpp"
 
 namespace zcrelay {
@@ -21,10 +23,84 @@ namespace zcrelay {
 enum class Mode : uint8_t { Splice, Copy, Sockmap };
 std::string_view modeName(Mode m);
 
+// The PROXY protocol header sent to a backend before any relayed byte (proxy_protocol.hpp).
+enum class ProxyVersion : uint8_t { Off, V1, V2 };
+std::string_view proxyVersionName(ProxyVersion v);
+
+
+std::string_view logFormatName(AccessLogFormat f);
+
+// SO_KEEPALIVE with TCP_KEEPIDLE/TCP_KEEPINTVL/TCP_KEEPCNT; idle 0 leaves keepalive off.
+struct KeepaliveConfig {
+    Duration idle{0};
+    Duration interval = std::chrono::seconds(10);
+    unsigned count = 6;
+
+    bool operator==(const KeepaliveConfig&) const = default;
+};
+
+// Active checks: a TCP connect every `interval` (optionally `send` bytes and `expect` a reply
+// starting with a prefix), each bounded by `timeout`. `rise` passes in a row bring a down
+// backend up, `fall` failures in a row take an up one down.
+struct HealthCheckConfig {
+    bool enabled = false;  // set by the presence of the `health_check` map
+    Duration interval = std::chrono::seconds(2);
+    Duration timeout = std::chrono::seconds(1);
+    unsigned rise = 2;
+    unsigned fall = 3;
+    std::string send;
+    std::string expect;
+
+    bool operator==(const HealthCheckConfig&) const = default;
+};
+
+struct BackendConfig {
+    SocketAddress address;  // TCP (IPv4/IPv6) or unix:/path
+    unsigned weight = 1;
+    ProxyVersion send_proxy = ProxyVersion::Off;  // the cluster's unless the backend sets it
+
+    bool operator==(const BackendConfig&) const = default;
+};
+
+struct ClusterConfig {
+    std::string name;  // unique; the `cluster` label of its metrics
+    Balance balance = Balance::RoundRobin;
+    ProxyVersion send_proxy = ProxyVersion::Off;
+    // Connect attempts after the first, each to another backend, all within the listener's
+    // connect_timeout.
+    unsigned retries = 2;
+    // Passive ejection: this many connect failures in a row take a backend down, until health
+    // checks bring it back or, without them, for fail_timeout. 0 = never.
+    unsigned max_fails = 3;
+    Duration fail_timeout = std::chrono::seconds(10);
+    // Local address for upstream sockets (port 0: IP_BIND_ADDRESS_NO_PORT); unset = the kernel's.
+    SocketAddress source;
+    KeepaliveConfig tcp_keepalive;
+    HealthCheckConfig health_check;
+    std::vector<BackendConfig> backends;
+
+    bool operator==(const ClusterConfig&) const = default;
+};
+
 struct ListenerConfig {
     std::string name;  // unique; the `listener` label of every metric
     SocketAddress listen;
+    // Exactly one of the two: a named cluster, or `upstream`, the shorthand for a cluster of
+    // one backend that carries the listener's name (clustersOf() makes it).
+    std::string cluster;
     SocketAddress upstream;
+    // Expect a PROXY v1/v2 header from each client first (proxy_protocol.hpp); the address in
+    // it is the client's from then on. A header not complete within proxy_timeout, malformed,
+    // or longer than proxy_max_size closes the connection.
+    bool accept_proxy = false;
+    Duration proxy_timeout = std::chrono::seconds(5);
+    uint64_t proxy_max_size = 1024;
+    // Live connections this listener holds at most (0 = no limit); at the limit it stops
+    // accepting and clients wait in the kernel's accept queue.
+    uint64_t max_connections = 0;
+    // Live connections one client address may hold (0 = no limit); past it a new one is closed.
+    uint64_t max_connections_per_source = 0;
+    KeepaliveConfig tcp_keepalive;  // on the client socket
     Mode mode = Mode::Splice;
     uint64_t pipe_size = 1 << 20;  // the size a busy direction's pipe grows to (starts at 64 KiB)
     Duration connect_timeout = std::chrono::seconds(5);
@@ -47,15 +123,33 @@ struct MetricsConfig {
     bool operator==(const MetricsConfig&) const = default;
 };
 
+// One line per finished connection (access_log.hpp). path "" = off, "-" or "stdout" = stdout.
+struct AccessLogConfig {
+    std::string path;
+    AccessLogFormat format = AccessLogFormat::Json;
+
+    bool operator==(const AccessLogConfig&) const = default;
+};
+
 struct Config {
     unsigned workers = 0;  // 0 in the struct never escapes loading: resolved to online CPUs
     Duration drain_timeout = std::chrono::seconds(30);
     uint64_t max_pipes = 4096;  // pipes (2 fds each) the whole process may hold; 0 = never splice
+    // Live connections over all listeners (0 = no limit): accepting stops at the limit.
+    uint64_t max_connections = 0;
     MetricsConfig metrics;
+    AccessLogConfig access_log;
+    std::vector<ClusterConfig> clusters;  // as declared; see clustersOf()
     std::vector<ListenerConfig> listeners;
 
     bool operator==(const Config&) const = default;
 };
+
+// Every cluster a config runs: the declared ones, then one per `upstream:` listener (named
+// after it, one backend, defaults otherwise). Listener i routes to
+// clustersOf(c)[clusterIndex(c, i)].
+std::vector<ClusterConfig> clustersOf(const Config& config);
+size_t clusterIndex(const Config& config, size_t listener);
 
 // Thrown only while loading; main() catches it. what() reads e.g.
 //   "config.yaml:7:5: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"

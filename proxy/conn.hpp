@@ -3,11 +3,16 @@
 //
 // Lifecycle (Conn::state):
 //
-//   Free ──accept──▶ Connecting ──connect ok──▶ Relaying ──both directions Finished──▶ Closing ──▶ Free
-//                        │                         │                                      ▲
-//                        └─connect failed/timeout──┴──reset, error, idle, drain ──────────┘
+//   Free ─accept─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying ─both Finished─▶ Closing ─▶ Free
+//                        │               │  ▲ retry              │                         ▲
+//                        │               └──┘ (another backend)  │                         │
+//                        └─bad/slow header──┴─no backend, all connects failed──┴─reset, error, idle, drain─┘
 //
-//   Connecting  the upstream connect is in flight, bounded by a linked timeout.
+//   ReadingProxy  accept_proxy: the client's PROXY header is awaited (SO_RCVLOWAT makes the
+//               kernel wake us only once the bytes the parser needs are there), bounded by
+//               proxy_timeout.
+//   Connecting  a connect to the backend the cluster picked is in flight, bounded by a linked
+//               timeout; a failure tries another backend (retries) within connect_timeout.
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
@@ -27,15 +32,18 @@
 //   finished          src sent FIN and all of it reached dst, which was shut down for writing.
 // A sockmap direction waits for src's FIN (POLLRDHUP) while the kernel moves its bytes, and
 // otherwise for a barrier (the kernel's backlog to reach dst) or, moving passed bytes, as copy.
+#include <linux/time_types.h>
+
 #include <array>
 #include <cstdint>
 
+#include "address.hpp"
 #include "pipe_pool.hpp"
 #include "reasons.hpp"
 
 namespace zcrelay {
 
-enum class ConnState : uint8_t { Free, Connecting, Relaying, Closing };
+enum class ConnState : uint8_t { Free, ReadingProxy, Connecting, Relaying, Closing };
 
 // Sockmap: the kernel redirects src's bytes to dst (pump/sockmap_pump.hpp); user space only
 // watches for the FIN and propagates it.
@@ -92,10 +100,28 @@ struct Direction {
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
 };
 
+struct Generation;
+
 struct Conn {
     ConnState state = ConnState::Free;
-    uint8_t listener = 0;             // index into the config's listeners
+    uint8_t listener = 0;             // index into gen->rt->listeners
     bool counted_active = false;      // accepted and counted, not yet counted as closed
+    bool counted_source = false;      // counted against max_connections_per_source
+    bool have_client = false;         // client holds the peer's address (accepted or PROXY)
+    bool have_local = false;          // local holds the address the client reached
+    uint8_t attempts = 0;             // connects started
+    int16_t backend = -1;             // index into the cluster's backends; -1 before a pick
+    Generation* gen = nullptr;        // the config generation it was accepted under
+    uint64_t tried = 0;               // backends tried (bit i % 64)
+    int64_t accepted_us = 0;          // wall clock at accept (access log)
+    int64_t accepted_mono_us = 0;     // monotonic at accept: duration, connect budget
+    int64_t connect_start_us = 0;     // monotonic at the current connect attempt
+    int64_t connect_deadline_us = 0;  // monotonic: the first attempt + connect_timeout
+    int64_t connect_us = -1;          // how long the successful connect took
+    uint64_t bytes[2] = {0, 0};       // relayed per direction (access log)
+    __kernel_timespec connect_left{};  // the attempt's link timeout: read by the kernel at submit
+    SocketAddress client;             // the client (after PROXY, the one it names)
+    SocketAddress local;              // the address it connected to (PROXY dst)
     uint32_t generation = 0;          // bumped on every reuse of the slot
     uint32_t inflight = 0;            // SQEs issued for this slot whose CQE has not arrived
     int fd[2] = {-1, -1};             // [0] client, [1] upstream

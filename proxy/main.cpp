@@ -15,16 +15,22 @@ using namespace zcrelay;
 
 namespace {
 
-void printReady(const Server& server) {
+// stdout is the machine-readable part (tests and scripts wait for "zcrelay: ready" and, after
+// SIGHUP, "zcrelay: reloaded"); logs go to stderr.
+void printListeners(const Server& server) {
     const Config& cfg = server.config();
-    // stdout is the machine-readable part (tests and scripts wait for "zcrelay: ready");
-    // logs go to stderr.
     for (size_t i = 0; i < cfg.listeners.size(); ++i) {
         const ListenerConfig& l = cfg.listeners[i];
+        std::string to = l.cluster.empty() ? l.upstream.toString() : "cluster " + l.cluster;
         std::printf("zcrelay: listener %s listening on %s -> %s (mode %s)\n", l.name.c_str(),
-                    server.boundAddresses()[i].toString().c_str(), l.upstream.toString().c_str(),
+                    server.boundAddresses()[i].toString().c_str(), to.c_str(),
                     std::string(modeName(l.mode)).c_str());
     }
+}
+
+void printReady(const Server& server) {
+    const Config& cfg = server.config();
+    printListeners(server);
     if (server.metricsPort() != 0) {
         SocketAddress m = cfg.metrics.listen;
         m.setPort(server.metricsPort());
@@ -32,12 +38,43 @@ void printReady(const Server& server) {
     }
     const ListenerConfig& first = cfg.listeners.front();
     SocketAddress up = first.upstream;
-    std::printf(
-        "zcrelay: try it: `nc -l %s %u > received` as the upstream, then `nc -N %s %u < file`\n",
-        up.family() == AF_INET6 ? "::1" : "127.0.0.1", up.port(),
-        server.boundAddresses()[0].family() == AF_INET6 ? "::1" : "127.0.0.1",
-        server.boundAddresses()[0].port());
+    if (first.cluster.empty() && up.family() != AF_UNIX) {
+        std::printf(
+            "zcrelay: try it: `nc -l %s %u > received` as the upstream, then `nc -N %s %u < "
+            "file`\n",
+            up.family() == AF_INET6 ? "::1" : "127.0.0.1", up.port(),
+            server.boundAddresses()[0].family() == AF_INET6 ? "::1" : "127.0.0.1",
+            server.boundAddresses()[0].port());
+    }
     std::printf("zcrelay: ready\n");
+    std::fflush(stdout);
+}
+
+// SIGHUP: the same config source as at start, the same checks and messages. Any error keeps
+// the running config; either way one line says what happened.
+void reload(Server& server, const CliOptions& options) {
+    ProcessShared& process = server.process();
+    server.reopenAccessLog();
+    Config next;
+    try {
+        next = resolveConfig(options);
+    } catch (const ConfigError& e) {
+        process.reloads_failed.fetch_add(1);
+        LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", e.what());
+        return;
+    }
+    auto done = server.reload(std::move(next));
+    if (!done) {
+        process.reloads_failed.fetch_add(1);
+        LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", done.error().c_str());
+        return;
+    }
+    process.reloads_ok.fetch_add(1);
+    LOG_INFO("SIGHUP: reloaded (generation %llu); effective config:\n%s",
+             static_cast<unsigned long long>(server.current()->generation),
+             renderConfig(server.config()).c_str());
+    printListeners(server);
+    std::printf("zcrelay: reloaded\n");
     std::fflush(stdout);
 }
 
@@ -113,9 +150,8 @@ int main(int argc, char** argv) {
                 LOG_INFO("%s again: closing every connection now", strsignal(sig));
                 (*server)->stop();
             }
-        } else if (sig == SIGHUP) {
-            LOG_WARN(
-                "SIGHUP: configuration reload is not supported yet; keeping the running config");
+        } else if (sig == SIGHUP && !draining) {
+            reload(**server, options);
         }
     }
     (*server)->join();

@@ -12,6 +12,8 @@
 
 #include "address.hpp"
 #include "config.hpp"
+#include "runtime.hpp"
+#include "worker.hpp"
 
 namespace zcrelay {
 namespace {
@@ -41,6 +43,25 @@ class Family {
         f_.help = std::move(help);
         f_.type = type;
     }
+    // A histogram from per-bucket (not cumulative) counts; the last count is +Inf's.
+    template <size_t N>
+    Family& addHistogram(std::vector<ClientMetric::Label> labels,
+                         const std::array<double, N>& bounds,
+                         const std::array<uint64_t, N + 1>& counts, double sum) {
+        ClientMetric m;
+        m.label = std::move(labels);
+        uint64_t cumulative = 0;
+        for (size_t i = 0; i < N; ++i) {
+            cumulative += counts[i];
+            m.histogram.bucket.push_back({cumulative, bounds[i]});
+        }
+        cumulative += counts[N];
+        m.histogram.bucket.push_back({cumulative, std::numeric_limits<double>::infinity()});
+        m.histogram.sample_count = cumulative;
+        m.histogram.sample_sum = sum;
+        f_.metric.push_back(std::move(m));
+        return *this;
+    }
     Family& add(std::vector<ClientMetric::Label> labels, double value) {
         ClientMetric m;
         m.label = std::move(labels);
@@ -59,20 +80,78 @@ class Family {
 
 class Collector : public prometheus::Collectable {
   public:
-    Collector(const Config& config, std::vector<const WorkerStats*> workers)
-        : workers_(std::move(workers)) {
-        for (const auto& l : config.listeners) {
-            listeners_.push_back(l.name);
-            modes_.push_back(std::string(modeName(l.mode)));
-        }
-    }
+    Collector(std::function<std::shared_ptr<const Runtime>()> current,
+              std::vector<const WorkerStats*> workers, const ProcessShared* process)
+        : current_(std::move(current)), workers_(std::move(workers)), process_(process) {}
 
     std::vector<MetricFamily> Collect() const override {
+        std::shared_ptr<const Runtime> rt = current_();
         auto sum = [&](auto get) {
             uint64_t total = 0;
             for (const WorkerStats* w : workers_) total += get(*w);
             return static_cast<double>(total);
         };
+        std::vector<MetricFamily> out;
+        collectListeners(*rt, out);
+        collectBackends(*rt, out);
+        Family fallbacks(
+            "zcrelay_pipe_fallbacks_total",
+            "Directions that wanted a pipe and moved their bytes by copy instead, by reason.",
+            MetricType::Counter);
+        for (size_t r = 0; r < idx(PipeFallback::kCount); ++r) {
+            fallbacks.add({{"reason", std::string(kPipeFallbackLabels[r])}},
+                          sum([r](const WorkerStats& w) { return w.pipe_fallbacks[r].get(); }));
+        }
+        Family per_worker(
+            "zcrelay_worker_connections_total",
+            "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
+            MetricType::Counter);
+        for (size_t w = 0; w < workers_.size(); ++w) {
+            per_worker.add({{"worker", std::to_string(w)}},
+                           static_cast<double>(workers_[w]->accepted.get()));
+        }
+        Family in_use("zcrelay_pipes_in_use", "Pipes held by busy directions.", MetricType::Gauge);
+        in_use.add({}, sum([](const WorkerStats& w) { return w.pipes_in_use.get(); }));
+        Family cached("zcrelay_pipes_cached", "Empty pipes kept open for reuse (2 fds each).",
+                      MetricType::Gauge);
+        cached.add({}, sum([](const WorkerStats& w) { return w.pipes_cached.get(); }));
+        Family paused(
+            "zcrelay_accept_paused_total",
+            "Times a worker stopped accepting because the process or system ran out of fds.",
+            MetricType::Counter);
+        paused.add({}, sum([](const WorkerStats& w) { return w.accept_paused.get(); }));
+        Family sockmap_sockets("zcrelay_sockmap_sockets",
+                               "Sockets in the sockmap SOCKHASH now (two per connection).",
+                               MetricType::Gauge);
+        sockmap_sockets.add({}, sum([](const WorkerStats& w) { return w.sockmap_sockets.get(); }));
+        Family threads("zcrelay_process_threads",
+                       "Threads of the process, io_uring io-wq workers included.",
+                       MetricType::Gauge);
+        threads.add({}, processThreads());
+        Family info("zcrelay_build_info", "Build information; the value is always 1.",
+                    MetricType::Gauge);
+        info.add({{"version", ZCRELAY_VERSION}}, 1);
+        Family generation("zcrelay_config_generation",
+                          "The running config's generation: 1 at start, +1 per applied reload.",
+                          MetricType::Gauge);
+        generation.add({}, static_cast<double>(rt->generation));
+        Family reloads("zcrelay_config_reloads_total", "SIGHUP reloads, by result.",
+                       MetricType::Counter);
+        reloads.add({{"result", "success"}}, static_cast<double>(process_->reloads_ok.load()));
+        reloads.add({{"result", "failure"}}, static_cast<double>(process_->reloads_failed.load()));
+        Family dropped("zcrelay_access_log_dropped_total",
+                       "Access log lines dropped because the writer fell behind.",
+                       MetricType::Counter);
+        dropped.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
+
+        for (Family* f : {&fallbacks, &per_worker, &in_use, &cached, &sockmap_sockets, &paused,
+                          &threads, &info, &generation, &reloads, &dropped})
+            out.push_back(f->take());
+        return out;
+    }
+
+  private:
+    void collectListeners(const Runtime& rt, std::vector<MetricFamily>& out) const {
         Family conns("zcrelay_connections_total", "Downstream connections accepted.",
                      MetricType::Counter);
         Family active("zcrelay_connections_active",
@@ -82,9 +161,13 @@ class Collector : public prometheus::Collectable {
                      "upstream to client.",
                      MetricType::Counter);
         Family failures("zcrelay_upstream_connect_failures_total",
-                        "Upstream connects that failed, by reason.", MetricType::Counter);
+                        "Upstream connect attempts that failed, by reason.", MetricType::Counter);
         Family closed("zcrelay_connections_closed_total", "Connections closed, by reason.",
                       MetricType::Counter);
+        Family proxy_errors("zcrelay_proxy_protocol_errors_total",
+                            "Clients closed because of their PROXY header, by reason "
+                            "(accept_proxy listeners).",
+                            MetricType::Counter);
         Family datapath("zcrelay_datapath_info",
                         "The data path each listener runs (mode sockmap runs as splice where the "
                         "BPF program cannot load); the value is always 1.",
@@ -109,113 +192,140 @@ class Collector : public prometheus::Collectable {
             "Sockmap connections relayed by splice instead, by reason: not_established (a FIN "
             "came first), insert_failed (the kernel refused the map update), no_record.",
             MetricType::Counter);
-        for (size_t i = 0; i < listeners_.size(); ++i) {
-            const std::string& name = listeners_[i];
-            double accepted =
-                sum([i](const WorkerStats& w) { return w.listeners[i].accepted.get(); });
+        for (const ListenerRt& l : rt.listeners) {
+            const std::string& name = l.config.name;
+            const Sharded<ListenerStats>& st = l.shared->stats;
+            auto sum = [&](auto get) { return static_cast<double>(st.sum(get)); };
+            double accepted = sum([](const ListenerStats& s) { return s.accepted.get(); });
             double closed_total = 0;
             for (size_t r = 0; r < idx(CloseReason::kCount); ++r) {
-                double v =
-                    sum([i, r](const WorkerStats& w) { return w.listeners[i].closed[r].get(); });
+                double v = sum([r](const ListenerStats& s) { return s.closed[r].get(); });
                 closed_total += v;
                 closed.add({{"listener", name}, {"reason", std::string(kCloseReasonLabels[r])}}, v);
             }
             conns.add({{"listener", name}}, accepted);
-            datapath.add({{"listener", name}, {"mode", modes_[i]}}, 1);
-            catchups.add({{"listener", name}}, sum([i](const WorkerStats& w) {
-                             return w.listeners[i].sockmap_catchups.get();
-                         }));
-            replays.add({{"listener", name}}, sum([i](const WorkerStats& w) {
-                            return w.listeners[i].sockmap_replays.get();
-                        }));
-            skipped.add({{"listener", name}}, sum([i](const WorkerStats& w) {
-                            return w.listeners[i].sockmap_skipped.get();
-                        }));
-            copied.add({{"listener", name}}, sum([i](const WorkerStats& w) {
-                           return w.listeners[i].sockmap_copied.get();
-                       }));
+            active.add({{"listener", name}}, accepted - closed_total);
+            datapath.add({{"listener", name}, {"mode", std::string(modeName(l.config.mode))}}, 1);
+            catchups.add({{"listener", name}},
+                         sum([](const ListenerStats& s) { return s.sockmap_catchups.get(); }));
+            replays.add({{"listener", name}},
+                        sum([](const ListenerStats& s) { return s.sockmap_replays.get(); }));
+            skipped.add({{"listener", name}},
+                        sum([](const ListenerStats& s) { return s.sockmap_skipped.get(); }));
+            copied.add({{"listener", name}},
+                       sum([](const ListenerStats& s) { return s.sockmap_copied.get(); }));
             for (size_t r = 0; r < idx(SockmapFallback::kCount); ++r) {
                 sockmap_fallbacks.add(
                     {{"listener", name}, {"reason", std::string(kSockmapFallbackLabels[r])}},
-                    sum([i, r](const WorkerStats& w) {
-                        return w.listeners[i].sockmap_fallbacks[r].get();
-                    }));
+                    sum([r](const ListenerStats& s) { return s.sockmap_fallbacks[r].get(); }));
             }
-            active.add({{"listener", name}}, accepted - closed_total);
-            bytes.add(
-                {{"direction", "upstream"}, {"listener", name}},
-                sum([i](const WorkerStats& w) { return w.listeners[i].bytes_upstream.get(); }));
-            bytes.add(
-                {{"direction", "downstream"}, {"listener", name}},
-                sum([i](const WorkerStats& w) { return w.listeners[i].bytes_downstream.get(); }));
+            bytes.add({{"direction", "upstream"}, {"listener", name}},
+                      sum([](const ListenerStats& s) { return s.bytes_upstream.get(); }));
+            bytes.add({{"direction", "downstream"}, {"listener", name}},
+                      sum([](const ListenerStats& s) { return s.bytes_downstream.get(); }));
             for (size_t r = 0; r < idx(ConnectFailure::kCount); ++r) {
                 failures.add(
                     {{"listener", name}, {"reason", std::string(kConnectFailureLabels[r])}},
-                    sum([i, r](const WorkerStats& w) {
-                        return w.listeners[i].connect_failures[r].get();
-                    }));
+                    sum([r](const ListenerStats& s) { return s.connect_failures[r].get(); }));
+            }
+            if (l.config.accept_proxy) {
+                for (size_t r = 0; r < idx(ProxyFailure::kCount); ++r) {
+                    proxy_errors.add(
+                        {{"listener", name}, {"reason", std::string(kProxyFailureLabels[r])}},
+                        sum([r](const ListenerStats& s) { return s.proxy_errors[r].get(); }));
+                }
             }
         }
-        Family fallbacks(
-            "zcrelay_pipe_fallbacks_total",
-            "Directions that wanted a pipe and moved their bytes by copy instead, by reason.",
-            MetricType::Counter);
-        for (size_t r = 0; r < idx(PipeFallback::kCount); ++r) {
-            fallbacks.add({{"reason", std::string(kPipeFallbackLabels[r])}},
-                          sum([r](const WorkerStats& w) { return w.pipe_fallbacks[r].get(); }));
-        }
-        Family per_worker(
-            "zcrelay_worker_connections_total",
-            "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
-            MetricType::Counter);
-        for (size_t w = 0; w < workers_.size(); ++w) {
-            uint64_t n = 0;
-            for (const ListenerStats& l : workers_[w]->listeners) n += l.accepted.get();
-            per_worker.add({{"worker", std::to_string(w)}}, static_cast<double>(n));
-        }
-        Family in_use("zcrelay_pipes_in_use", "Pipes held by busy directions.", MetricType::Gauge);
-        in_use.add({}, sum([](const WorkerStats& w) { return w.pipes_in_use.get(); }));
-        Family cached("zcrelay_pipes_cached", "Empty pipes kept open for reuse (2 fds each).",
-                      MetricType::Gauge);
-        cached.add({}, sum([](const WorkerStats& w) { return w.pipes_cached.get(); }));
-        Family paused(
-            "zcrelay_accept_paused_total",
-            "Times a worker stopped accepting because the process or system ran out of fds.",
-            MetricType::Counter);
-        paused.add({}, sum([](const WorkerStats& w) { return w.accept_paused.get(); }));
-        Family sockmap_sockets("zcrelay_sockmap_sockets",
-                               "Sockets in the sockmap SOCKHASH now (two per connection).",
-                               MetricType::Gauge);
-        sockmap_sockets.add({}, sum([](const WorkerStats& w) { return w.sockmap_sockets.get(); }));
-        Family threads("zcrelay_process_threads",
-                       "Threads of the process, io_uring io-wq workers included.",
-                       MetricType::Gauge);
-        threads.add({}, processThreads());
-        Family info("zcrelay_build_info", "Build information; the value is always 1.",
-                    MetricType::Gauge);
-        info.add({{"version", ZCRELAY_VERSION}}, 1);
-
-        std::vector<MetricFamily> out;
-        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &datapath, &fallbacks,
-                          &sockmap_fallbacks, &catchups, &copied, &replays, &skipped, &per_worker,
-                          &in_use, &cached, &sockmap_sockets, &paused, &threads, &info})
+        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &proxy_errors, &datapath,
+                          &sockmap_fallbacks, &catchups, &copied, &replays, &skipped})
             out.push_back(f->take());
-        return out;
     }
 
-  private:
+    void collectBackends(const Runtime& rt, std::vector<MetricFamily>& out) const {
+        Family up("zcrelay_backend_up",
+                  "1 while the backend takes new connections; 0 while health checks or passive "
+                  "ejection hold it down.",
+                  MetricType::Gauge);
+        Family attempts("zcrelay_backend_connect_attempts_total",
+                        "Connects started to the backend (retries included).",
+                        MetricType::Counter);
+        Family conns("zcrelay_backend_connections_total",
+                     "Connections relayed to the backend (connects that succeeded).",
+                     MetricType::Counter);
+        Family active("zcrelay_backend_connections_active",
+                      "Connections to the backend open now.", MetricType::Gauge);
+        Family failures("zcrelay_backend_connect_failures_total",
+                        "Connects to the backend that failed, by reason.", MetricType::Counter);
+        Family bytes("zcrelay_backend_bytes_total",
+                     "Bytes relayed through the backend's connections, by direction.",
+                     MetricType::Counter);
+        Family connect_time("zcrelay_backend_connect_duration_seconds",
+                            "Time from connect() to the connection being established.",
+                            MetricType::Histogram);
+        Family checks("zcrelay_backend_health_checks_total",
+                      "Active health checks of the backend, by result.", MetricType::Counter);
+        Family transitions("zcrelay_backend_transitions_total",
+                           "Times the backend went up or down (checks or passive ejection).",
+                           MetricType::Counter);
+        for (const ClusterRt& c : rt.clusters) {
+            for (const BackendRt& b : c.backends) {
+                const BackendState& st = *b.state;
+                std::vector<ClientMetric::Label> labels{{"backend", b.key},
+                                                        {"cluster", c.config.name}};
+                auto with = [&](const char* key, std::string value) {
+                    auto l = labels;
+                    l.push_back({key, std::move(value)});
+                    return l;
+                };
+                auto sum = [&](auto get) { return static_cast<double>(st.stats.sum(get)); };
+                up.add(labels, st.up.load() ? 1 : 0);
+                attempts.add(labels, sum([](const BackendStats& s) { return s.attempts.get(); }));
+                conns.add(labels, sum([](const BackendStats& s) { return s.connections.get(); }));
+                active.add(labels, std::max(0, st.active.load()));
+                for (size_t r = 0; r < idx(ConnectFailure::kCount); ++r) {
+                    failures.add(with("reason", std::string(kConnectFailureLabels[r])),
+                                 sum([r](const BackendStats& s) {
+                                     return s.connect_failures[r].get();
+                                 }));
+                }
+                bytes.add(with("direction", "upstream"),
+                          sum([](const BackendStats& s) { return s.bytes_upstream.get(); }));
+                bytes.add(with("direction", "downstream"),
+                          sum([](const BackendStats& s) { return s.bytes_downstream.get(); }));
+                std::array<uint64_t, kConnectBuckets.size() + 1> counts{};
+                for (size_t i = 0; i < counts.size(); ++i)
+                    counts[i] = st.stats.sum([i](const BackendStats& s) { return s.connect_time[i].get(); });
+                connect_time.addHistogram(
+                    labels, kConnectBuckets, counts,
+                    sum([](const BackendStats& s) { return s.connect_time_us.get(); }) / 1e6);
+                if (c.config.health_check.enabled) {
+                    checks.add(with("result", "passed"), static_cast<double>(st.checks_passed.load()));
+                    checks.add(with("result", "failed"), static_cast<double>(st.checks_failed.load()));
+                }
+                transitions.add(with("to", "up"), static_cast<double>(st.went_up.load()));
+                transitions.add(with("to", "down"), static_cast<double>(st.went_down.load()));
+            }
+        }
+        for (Family* f : {&up, &attempts, &conns, &active, &failures, &bytes, &connect_time,
+                          &checks, &transitions})
+            out.push_back(f->take());
+    }
+
+    std::function<std::shared_ptr<const Runtime>()> current_;
     std::vector<const WorkerStats*> workers_;
-    std::vector<std::string> listeners_;
-    std::vector<std::string> modes_;
+    const ProcessShared* process_;
 };
 
 }  // namespace
 
-MetricsEndpoint::MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers)
-    : address_(config.metrics.listen),
-      collector_(std::make_shared<Collector>(config, std::move(workers))) {
+MetricsEndpoint::MetricsEndpoint(const SocketAddress& listen,
+                                 std::function<std::shared_ptr<const Runtime>()> current,
+                                 std::vector<const WorkerStats*> workers,
+                                 const ProcessShared* process)
+    : address_(listen),
+      collector_(std::make_shared<Collector>(std::move(current), std::move(workers), process)) {
     // One civetweb thread is plenty for scrapes and keeps the process's thread count small.
-    exposer_ = std::make_unique<prometheus::Exposer>(config.metrics.listen.toString(), 1);
+    exposer_ = std::make_unique<prometheus::Exposer>(listen.toString(), 1);
     exposer_->RegisterCollectable(collector_);
 }
 
@@ -244,11 +354,6 @@ MetricsEndpoint::~MetricsEndpoint() {
 uint16_t MetricsEndpoint::port() const {
     auto ports = exposer_->GetListeningPorts();
     return ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
-}
-
-std::string renderMetrics(const Config& config, const std::vector<const WorkerStats*>& workers) {
-    Collector c(config, workers);
-    return prometheus::TextSerializer().Serialize(c.Collect());
 }
 
 }  // namespace zcrelay

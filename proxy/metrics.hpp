@@ -9,11 +9,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "address.hpp"
+#include "proxy_protocol.hpp"
 #include "reasons.hpp"
 
 namespace prometheus {
@@ -22,7 +24,8 @@ class Exposer;
 
 namespace zcrelay {
 
-struct Config;
+struct Runtime;
+struct ProcessShared;
 
 class StatCounter {
   public:
@@ -38,6 +41,13 @@ class StatCounter {
     std::atomic<uint64_t> v_{0};
 };
 
+// Why a client's PROXY header was refused: the parser's reasons, then the worker's own.
+enum class ProxyFailure : uint8_t {
+    ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Timeout, Eof, kCount
+};
+inline constexpr std::array<std::string_view, idx(ProxyFailure::kCount)> kProxyFailureLabels{
+    ZCRELAY_PROXY_ERRORS(ZCRELAY_LABEL_ITEM) "timeout", "eof"};
+
 struct ListenerStats {
     StatCounter accepted;
     StatCounter bytes_upstream;    // client -> upstream
@@ -49,11 +59,11 @@ struct ListenerStats {
     StatCounter sockmap_copied;    // bytes the program passed and user space moved
     StatCounter sockmap_replays;   // skbs the verdict saw again (relay.bpf.c)
     StatCounter sockmap_skipped;   // bytes of those that user space dropped
+    std::array<StatCounter, idx(ProxyFailure::kCount)> proxy_errors;
 };
 
 struct WorkerStats {
-    explicit WorkerStats(size_t listeners) : listeners(listeners) {}
-    std::vector<ListenerStats> listeners;  // sized once; never resized while workers run
+    StatCounter accepted;  // over all listeners
     std::array<StatCounter, idx(PipeFallback::kCount)> pipe_fallbacks;
     StatCounter pipes_in_use;     // gauge: pipes held by directions
     StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
@@ -62,10 +72,14 @@ struct WorkerStats {
 };
 
 // The /metrics endpoint: a civetweb server (prometheus-cpp pull) serving the sum of all
-// workers' stats. Throws std::exception if the address cannot be bound (start-up only).
+// workers' stats, for the listeners, clusters and backends of the current Runtime (which
+// `current` returns at each scrape). Throws std::exception if the address cannot be bound
+// (start-up only).
 class MetricsEndpoint {
   public:
-    MetricsEndpoint(const Config& config, std::vector<const WorkerStats*> workers);
+    MetricsEndpoint(const SocketAddress& listen,
+                    std::function<std::shared_ptr<const Runtime>()> current,
+                    std::vector<const WorkerStats*> workers, const ProcessShared* process);
     ~MetricsEndpoint();
     uint16_t port() const;
 
@@ -74,8 +88,5 @@ class MetricsEndpoint {
     std::shared_ptr<prometheus::Collectable> collector_;
     std::unique_ptr<prometheus::Exposer> exposer_;
 };
-
-// The text of one scrape, without HTTP: for tests and for --check of the metric list.
-std::string renderMetrics(const Config& config, const std::vector<const WorkerStats*>& workers);
 
 }  // namespace zcrelay

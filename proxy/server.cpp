@@ -17,15 +17,18 @@ constexpr uint64_t kReservedFds = 64;
 constexpr uint64_t kMaxSockmapRecords = 1u << 21;
 }  // namespace
 
-tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
-    std::unique_ptr<Server> server(new Server(std::move(config)));
-    const Config& cfg = server->config_;
+namespace {
 
-    // listen_fds[w][i]: worker w's socket for listener i.
-    std::vector<std::vector<UniqueFd>> listen_fds(cfg.workers);
-    for (const ListenerConfig& l : cfg.listeners) {
+// Binds, for every worker, one SO_REUSEPORT socket per listener in `which` (indices into
+// config.listeners). `bound` gets where each really listens (port 0 resolved once, shared by
+// all workers' sockets). fds[w][k] is worker w's socket for listener which[k].
+tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
+    const Config& config, const std::vector<size_t>& which, std::vector<SocketAddress>& bound) {
+    std::vector<std::vector<UniqueFd>> fds(config.workers);
+    for (size_t i : which) {
+        const ListenerConfig& l = config.listeners[i];
         SocketAddress addr = l.listen;
-        for (unsigned w = 0; w < cfg.workers; ++w) {
+        for (unsigned w = 0; w < config.workers; ++w) {
             auto fd = openListener(addr);
             if (!fd) {
                 return tl::unexpected("listener " + l.name + ": " + fd.error().what + " " +
@@ -33,15 +36,27 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             }
             if (w == 0) {
                 // With port 0 the first bind picks the port; the other workers join it.
-                auto bound = boundAddress(fd->get());
-                if (!bound)
-                    return tl::unexpected("listener " + l.name + ": " + bound.error().message());
-                addr = *bound;
-                server->bound_.push_back(addr);
+                auto got = boundAddress(fd->get());
+                if (!got) return tl::unexpected("listener " + l.name + ": " + got.error().message());
+                addr = *got;
+                bound.push_back(addr);
             }
-            listen_fds[w].push_back(std::move(*fd));
+            fds[w].push_back(std::move(*fd));
         }
     }
+    return fds;
+}
+
+}  // namespace
+
+tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
+    std::unique_ptr<Server> server(new Server());
+    std::vector<size_t> all(config.listeners.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+    auto bound = bindListeners(config, all, server->bound_);
+    if (!bound) return tl::unexpected(bound.error());
+    std::vector<std::vector<UniqueFd>> listen_fds = std::move(*bound);
+    Config& cfg = config;
 
     // The fd budget: every relayed connection costs two fds (client and upstream socket), and
     // kReservedFds stay free for what is not a connection (rings, listeners, eventfds, the
@@ -70,7 +85,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         } else {
             // The same bytes still get relayed, by the default path; the metric
             // zcrelay_datapath_info says which path runs.
-            for (ListenerConfig& l : server->config_.listeners) {
+            for (ListenerConfig& l : cfg.listeners) {
                 if (l.mode != Mode::Sockmap) continue;
                 LOG_WARN("listener %s: mode sockmap unavailable (%s); running splice",
                          l.name.c_str(), loaded.error().c_str());
@@ -78,18 +93,34 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             }
         }
     }
-    for (unsigned w = 0; w < cfg.workers; ++w)
-        server->workers_.push_back(std::make_unique<Worker>(w, cfg, std::move(listen_fds[w]),
-                                                            per_worker, server->sockmap_.get(),
-                                                            2 * per_worker * w));
+    if (!cfg.access_log.path.empty()) {
+        auto log = AccessLog::open(cfg.access_log.path, cfg.access_log.format, cfg.workers);
+        if (!log) {
+            return tl::unexpected("access_log " + cfg.access_log.path + ": " +
+                                  log.error().message());
+        }
+        server->access_log_ = std::move(*log);
+        server->process_.access_log = server->access_log_.get();
+    }
+    const unsigned workers = cfg.workers;
+    server->current_ = Runtime::build(std::move(config), nullptr, workers);
+    const Config& running = server->current_->config;
+    for (unsigned w = 0; w < running.workers; ++w)
+        server->workers_.push_back(std::make_unique<Worker>(
+            w, server->current_, std::move(listen_fds[w]), per_worker, server->sockmap_.get(),
+            2 * per_worker * w, server->process_));
 
-    if (cfg.metrics.enabled) {
+    if (running.metrics.enabled) {
         std::vector<const WorkerStats*> stats;
         for (const auto& w : server->workers_) stats.push_back(&w->stats());
+        Server* self = server.get();
         try {
-            server->metrics_ = std::make_unique<MetricsEndpoint>(cfg, std::move(stats));
+            server->metrics_ = std::make_unique<MetricsEndpoint>(
+                running.metrics.listen, [self] { return self->current(); }, std::move(stats),
+                &self->process_);
         } catch (const std::exception& e) {
-            return tl::unexpected("metrics " + cfg.metrics.listen.toString() + ": " + e.what());
+            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " +
+                                  e.what());
         }
     }
 
@@ -111,6 +142,69 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
 Server::~Server() {
     stop();
     join();
+}
+
+std::shared_ptr<const Runtime> Server::current() const {
+    std::lock_guard lock(current_mutex_);
+    return current_;
+}
+
+void Server::reopenAccessLog() {
+    if (access_log_) access_log_->reopen();
+}
+
+tl::expected<void, std::string> Server::reload(Config config) {
+    const Config& old = current_->config;
+    // What the workers were built with cannot change under them: kept, and said so.
+    auto keep = [&](bool changed, const char* what) {
+        if (changed) LOG_WARN("reload: %s changes only with a restart; keeping the running one", what);
+    };
+    keep(config.workers != old.workers, "workers");
+    keep(config.max_pipes != old.max_pipes, "max_pipes");
+    keep(!(config.metrics == old.metrics), "metrics");
+    keep(!(config.access_log == old.access_log), "access_log");
+    config.workers = old.workers;
+    config.max_pipes = old.max_pipes;
+    config.metrics = old.metrics;
+    config.access_log = old.access_log;
+    for (ListenerConfig& l : config.listeners) {
+        if (l.mode == Mode::Sockmap && !sockmap_) {
+            // The program is loaded at start only (workers own record ranges in its maps).
+            LOG_WARN("reload: listener %s: mode sockmap needs it at start; running splice",
+                     l.name.c_str());
+            l.mode = Mode::Splice;
+        }
+    }
+    // Listeners whose address the running config already listens on keep their sockets (a
+    // port-0 one matches by name too): only the others are bound, and a failure there (the
+    // port is taken) refuses the reload before any worker sees it.
+    std::vector<size_t> fresh;
+    std::vector<SocketAddress> bound(config.listeners.size());
+    for (size_t i = 0; i < config.listeners.size(); ++i) {
+        const ListenerConfig& l = config.listeners[i];
+        bool found = false;
+        for (size_t j = 0; j < old.listeners.size() && !found; ++j) {
+            if (old.listeners[j].listen == l.listen &&
+                (l.listen.port() != 0 || old.listeners[j].name == l.name)) {
+                bound[i] = bound_[j];
+                found = true;
+            }
+        }
+        if (!found) fresh.push_back(i);
+    }
+    std::vector<SocketAddress> fresh_bound;
+    auto fds = bindListeners(config, fresh, fresh_bound);
+    if (!fds) return tl::unexpected(fds.error());
+    for (size_t k = 0; k < fresh.size(); ++k) bound[fresh[k]] = fresh_bound[k];
+
+    auto next = Runtime::build(std::move(config), current_.get(), old.workers);
+    for (size_t w = 0; w < workers_.size(); ++w) workers_[w]->reload(next, std::move((*fds)[w]));
+    {
+        std::lock_guard lock(current_mutex_);
+        current_ = std::move(next);
+    }
+    bound_ = std::move(bound);
+    return {};
 }
 
 void Server::drain() {

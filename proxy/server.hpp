@@ -7,13 +7,19 @@
 //   drain: every worker stops accepting and lets its connections finish (drain_timeout).
 //   join:  workers exit once their connections are gone; the metrics endpoint goes last, so
 //          the final counts can still be scraped during the drain.
+//   reload (SIGHUP): the new config is checked and its new listeners bound first; any error
+//          refuses the whole reload and the running config goes on serving. Otherwise every
+//          worker switches to the new Runtime; live connections keep the one they started in.
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tl/expected.hpp>
 #include <vector>
 
+#include "access_log.hpp"
 #include "config.hpp"
 #include "metrics.hpp"
+#include "runtime.hpp"
 #include "sockmap.hpp"
 #include "worker.hpp"
 
@@ -25,9 +31,17 @@ class Server {
     static tl::expected<std::unique_ptr<Server>, std::string> start(Config config);
     ~Server();
 
-    const Config& config() const { return config_; }
-    // Where each listener really listens (port 0 resolved), in config order.
+    // The current generation's config and where each of its listeners really listens (port 0
+    // resolved), in config order. Main thread only (reload() changes them).
+    const Config& config() const { return current_->config; }
     const std::vector<SocketAddress>& boundAddresses() const { return bound_; }
+    // Switches to `config`, or returns why not (the running config stays).
+    tl::expected<void, std::string> reload(Config config);
+    // The current Runtime: any thread (the metrics scrape).
+    std::shared_ptr<const Runtime> current() const;
+    // SIGHUP also reopens the access log file (logrotate).
+    void reopenAccessLog();
+    ProcessShared& process() { return process_; }
     // 0 when metrics are disabled.
     uint16_t metricsPort() const { return metrics_ ? metrics_->port() : 0; }
 
@@ -37,10 +51,13 @@ class Server {
     void join();
 
   private:
-    explicit Server(Config config) : config_(std::move(config)) {}
+    Server() = default;
 
-    Config config_;
+    mutable std::mutex current_mutex_;
+    std::shared_ptr<const Runtime> current_;
     std::vector<SocketAddress> bound_;
+    ProcessShared process_;
+    std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
     std::unique_ptr<Sockmap> sockmap_;  // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
     std::unique_ptr<MetricsEndpoint> metrics_;

@@ -4,9 +4,11 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+
 namespace zcrelay {
 
-void applyTcpOptions(int fd, const ListenerConfig& lc) {
+void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& keepalive) {
     if (lc.tcp_nodelay) {
         int one = 1;
         ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -23,6 +25,17 @@ void applyTcpOptions(int fd, const ListenerConfig& lc) {
     if (lc.notsent_lowat > 0 && lc.mode != Mode::Sockmap) {
         int lowat = static_cast<int>(lc.notsent_lowat);
         ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
+    }
+    if (keepalive.idle.count() > 0) {
+        // The kernel counts these in whole seconds; the config keeps them >= 1 s.
+        int on = 1;
+        int idle = static_cast<int>(std::max<int64_t>(1, keepalive.idle.count() / 1000));
+        int interval = static_cast<int>(std::max<int64_t>(1, keepalive.interval.count() / 1000));
+        int count = static_cast<int>(keepalive.count);
+        ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+        ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
     }
 }
 

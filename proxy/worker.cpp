@@ -67,27 +67,64 @@ int64_t tickFor(const Config& config) {
     int64_t tick = 250;
     for (const auto& l : config.listeners) {
         if (l.idle_timeout.count() > 0) tick = std::min<int64_t>(tick, l.idle_timeout.count() / 4);
+        if (l.accept_proxy) tick = std::min<int64_t>(tick, l.proxy_timeout.count() / 4);
+    }
+    for (const auto& c : config.clusters) {
+        // Ejected backends come back after fail_timeout without checks: see it within ~1/4.
+        tick = std::min<int64_t>(tick, c.fail_timeout.count() / 4);
     }
     return std::max<int64_t>(tick, 10);
 }
 
+int64_t monotonicUs() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+int64_t wallClockUs() {
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+__kernel_timespec usToTimespec(int64_t us) {
+    __kernel_timespec ts{};
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (us % 1000000) * 1000;
+    return ts;
+}
+
+std::unique_ptr<Generation> makeGeneration(std::shared_ptr<const Runtime> rt, unsigned worker) {
+    auto gen = std::make_unique<Generation>();
+    for (const ClusterRt& c : rt->clusters) {
+        // Seeded per worker: N workers with one connection each start at different backends.
+        gen->balancers.emplace_back(c.config.balance, c.specs,
+                                    0x9e3779b97f4a7c15ull * (worker + 1) + rt->generation);
+    }
+    gen->rt = std::move(rt);
+    return gen;
+}
+
 }  // namespace
 
-Worker::Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds,
-               uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base)
+Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
+               std::vector<UniqueFd> listen_fds, uint32_t max_conns, Sockmap* sockmap,
+               uint32_t sockmap_base, ProcessShared& process)
     : id_(id),
-      config_(config),
       name_("w" + std::to_string(id)),
+      process_(process),
       max_conns_(max_conns),
       sockmap_(sockmap),
-      sockmap_base_(sockmap_base),
-      stats_(config.listeners.size()) {
+      sockmap_base_(sockmap_base) {
+    generations_.push_back(makeGeneration(std::move(runtime), id));
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
         listeners_[i].fd = std::move(listen_fds[i]);
-        listeners_[i].connect_timeout = toTimespec(config.listeners[i].connect_timeout);
+        listeners_[i].address = rt().config.listeners[i].listen;
+        listeners_[i].rt_index = static_cast<int32_t>(i);
     }
-    tick_ms_ = tickFor(config);
+    tick_ms_ = tickFor(rt().config);
     tick_ = toTimespec(Duration(tick_ms_));
 }
 
@@ -129,8 +166,9 @@ Result<void> Worker::setUp() {
     auto bufs = BufRing::create(ring_->raw(), kBufGroup, kCopyBuffers, kCopyBufferSize);
     if (!bufs) return tl::unexpected(bufs.error());
     bufs_ = std::move(*bufs);
-    uint64_t pipes = config_.max_pipes / std::max(1u, config_.workers);
-    if (config_.max_pipes > 0) pipes = std::max<uint64_t>(pipes, 1);
+    const Config& config = rt().config;
+    uint64_t pipes = config.max_pipes / std::max(1u, config.workers);
+    if (config.max_pipes > 0) pipes = std::max<uint64_t>(pipes, 1);
     rlimit nofile{};
     getrlimit(RLIMIT_NOFILE, &nofile);
     int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
@@ -141,10 +179,12 @@ Result<void> Worker::setUp() {
     starved_.reserve(4096);
     starved_retry_.reserve(4096);
     fd_waiters_.reserve(1024);
+    scratch_.resize(64 * 1024);
     now_ms_ = monotonicMs();
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
     armWake();
     armTick();
+    setUpChecks();
     if (int r = ring_->submit(); r < 0) return sysError("io_uring_submit", -r);
     return {};
 }
@@ -190,6 +230,14 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
         case Op::Accept:
             onAccept(ud.slot, cqe->res, cqe->flags);
             return;
+        case Op::Check:
+            if (ud.generation == checks_generation_) onCheck(ud.slot, cqe->res);
+            return;
+        case Op::CheckTimer:
+            if (ud.generation == checks_generation_) startCheck(ud.slot);
+            return;
+        case Op::CheckTimeout:
+            return;  // the step's own CQE says -ECANCELED
         default:
             break;
     }
@@ -224,6 +272,9 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
         case Op::Send:
             onSend(c, ud.slot, d, cqe->res);
             break;
+        case Op::ProxyRead:
+            onProxyReadable(c, ud.slot, cqe->res);
+            break;
         case Op::Barrier:
             c.dir[d].barrier_armed = false;
             if (c.state == ConnState::Relaying) onBarrier(c, ud.slot, d);
@@ -236,6 +287,23 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
 
 // ---- listening and commands ----------------------------------------------------------------
 
+bool Worker::belowLimits(const ListenerState& l) const {
+    // max_connections, of the listener and of the process, shared by every worker: at the
+    // limit the listener pauses, and clients wait in the kernel's accept queue (backpressure,
+    // as HAProxy's maxconn) instead of being accepted and closed. A worker's own armed accepts
+    // count too, so a burst overshoots by at most kAcceptBatch per worker.
+    const Runtime& r = rt();
+    const ListenerRt& lr = r.listeners[l.rt_index];
+    uint32_t armed = l.armed;
+    if (lr.config.max_connections > 0 &&
+        lr.shared->live.load(std::memory_order_relaxed) + armed >= lr.config.max_connections)
+        return false;
+    if (r.config.max_connections > 0 &&
+        process_.live.load(std::memory_order_relaxed) + accepts_armed_ >= r.config.max_connections)
+        return false;
+    return true;
+}
+
 void Worker::armAccept(uint32_t li) {
     ListenerState& l = listeners_[li];
     // Single-shot accepts, kAcceptBatch at a time, never more than the fd budget has room for.
@@ -244,6 +312,11 @@ void Worker::armAccept(uint32_t li) {
     // and into EMFILE, where the fds the process needs for itself (its metrics socket) are.
     while (!l.closed && !l.paused && !draining_ && l.armed < kAcceptBatch &&
            live_ + accepts_armed_ < max_conns_) {
+        if (!belowLimits(l)) {
+            // Rechecked on every tick and whenever one of this worker's connections closes.
+            if (l.armed == 0) limit_paused_ = true;
+            break;
+        }
         io_uring_sqe* sqe = ring_->sqe();
         // The accepted sockets come out nonblocking, as the inline splice needs.
         io_uring_prep_accept(sqe, l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
@@ -257,17 +330,34 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
     ListenerState& l = listeners_[li];
     --l.armed;
     --accepts_armed_;
+    if (l.closed) {
+        if (res >= 0) ::close(res);  // accepted just before a reload removed the listener
+        return;
+    }
     if (res >= 0) {
         if (draining_) {
             ::close(res);
         } else if (uint32_t slot = allocConn(); slot != UINT32_MAX) {
             Conn* c = &conn(slot);
-            c->listener = static_cast<uint8_t>(li);
+            const ListenerRt& lr = rt().listeners[l.rt_index];
+            c->listener = static_cast<uint8_t>(l.rt_index);
+            c->gen = generations_.back().get();
+            ++c->gen->live;
             c->fd[0] = res;
             c->counted_active = true;
-            stats_.listeners[li].accepted.add();
-            applyTcpOptions(res, config_.listeners[li]);
-            startConnect(*c, slot);
+            c->accepted_us = wallClockUs();
+            c->accepted_mono_us = monotonicUs();
+            c->last_active_ms = now_ms_;
+            lr.shared->stats[id_].accepted.add();
+            lr.shared->live.fetch_add(1, std::memory_order_relaxed);
+            process_.live.fetch_add(1, std::memory_order_relaxed);
+            stats_.accepted.add();
+            applyTcpOptions(res, lr.config, lr.config.tcp_keepalive);
+            // With accept_proxy the client is the one the header names: limits wait for it.
+            if (lr.config.accept_proxy)
+                startProxyRead(*c, slot);
+            else if (admitSource(*c, slot))
+                startConnect(*c, slot);
             // This worker's share of the fd budget is spent: stop accepting (backpressure:
             // clients wait in the kernel's queue) rather than run into EMFILE.
             if (live_ >= max_conns_) pauseAccepting();
@@ -282,7 +372,7 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
         ++emfile_unlogged_;
         if (now_ms_ - emfile_logged_ms_ >= 1000) {
             LOG_WARN("accept on %s: %s; pausing accepts (x%u since the last report)",
-                     config_.listeners[li].name.c_str(), strerror(-res), emfile_unlogged_);
+                     l.address.toString().c_str(), strerror(-res), emfile_unlogged_);
             emfile_logged_ms_ = now_ms_;
             emfile_unlogged_ = 0;
         }
@@ -291,7 +381,7 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
     } else if (res != -ECANCELED && res != -EINTR && res != -ECONNABORTED && res != -EAGAIN &&
                res != -EINVAL) {
         // -EINVAL: the listener was shut down for draining.
-        LOG_WARN("accept on %s: %s", config_.listeners[li].name.c_str(), strerror(-res));
+        LOG_WARN("accept on %s: %s", l.address.toString().c_str(), strerror(-res));
     }
     armAccept(li);
 }
@@ -320,8 +410,8 @@ void Worker::resumeAccepting() {
     if (!spare_fd_) spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!spare_fd_) return;  // still out of fds: try again next tick
     accept_paused_ = false;
+    limit_paused_ = false;  // armAccept sets it again where a limit still holds
     for (uint32_t i = 0; i < listeners_.size(); ++i) {
-        if (!listeners_[i].paused) continue;
         listeners_[i].paused = false;
         armAccept(i);
     }
@@ -337,14 +427,81 @@ void Worker::onWake() {
     uint32_t cmds = commands_.exchange(0);
     if ((cmds & (kCmdDrain | kCmdStop)) && !draining_) {
         draining_ = true;
-        drain_deadline_ms_ = now_ms_ + config_.drain_timeout.count();
+        drain_deadline_ms_ = now_ms_ + rt().config.drain_timeout.count();
         closeListeners();
         LOG_INFO("draining %u connections (deadline %lld ms)", live_,
-                 static_cast<long long>(config_.drain_timeout.count()));
+                 static_cast<long long>(rt().config.drain_timeout.count()));
     }
     if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
     if (draining_ && now_ms_ >= drain_deadline_ms_) sweep();
+    if (cmds & kCmdReload) applyReload();
     armWake();
+}
+
+void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds) {
+    {
+        std::lock_guard lock(reload_mutex_);
+        pending_rt_ = std::move(rt);
+        pending_fds_ = std::move(new_fds);
+    }
+    post(kCmdReload);
+}
+
+void Worker::applyReload() {
+    std::shared_ptr<const Runtime> next;
+    std::vector<UniqueFd> fds;
+    {
+        std::lock_guard lock(reload_mutex_);
+        next = std::move(pending_rt_);
+        fds = std::move(pending_fds_);
+    }
+    if (!next) return;
+    if (draining_) return;  // closing down: new listeners would only be closed again
+    // Listeners whose address stays keep their socket (and whatever waits in its accept
+    // queue); the rest of the old ones close, the new ones open. A port-0 listener matches
+    // by name too, as its configured address says nothing.
+    std::vector<bool> kept(listeners_.size(), false);
+    size_t next_fd = 0;
+    for (size_t i = 0; i < next->config.listeners.size(); ++i) {
+        const ListenerConfig& l = next->config.listeners[i];
+        int32_t found = -1;
+        for (size_t j = 0; j < listeners_.size(); ++j) {
+            const ListenerState& old = listeners_[j];
+            if (old.closed || kept[j] || !(old.address == l.listen)) continue;
+            if (l.listen.port() == 0 &&
+                rt().config.listeners[old.rt_index].name != l.name)
+                continue;
+            found = static_cast<int32_t>(j);
+        }
+        if (found >= 0) {
+            kept[found] = true;
+            listeners_[found].rt_index = static_cast<int32_t>(i);
+            continue;
+        }
+        if (next_fd >= fds.size()) {
+            LOG_ERROR("reload: no socket for new listener %s: bookkeeping bug", l.name.c_str());
+            continue;
+        }
+        ListenerState fresh;
+        fresh.fd = std::move(fds[next_fd++]);
+        fresh.address = l.listen;
+        fresh.rt_index = static_cast<int32_t>(i);
+        listeners_.push_back(std::move(fresh));
+        kept.push_back(true);
+    }
+    for (size_t j = 0; j < listeners_.size(); ++j) {
+        if (!kept[j] && !listeners_[j].closed) {
+            listeners_[j].rt_index = -1;
+            closeListener(listeners_[j]);
+        }
+    }
+    Generation* old = generations_.back().get();
+    generations_.push_back(makeGeneration(std::move(next), id_));
+    if (old->live == 0) std::erase_if(generations_, [&](const auto& g) { return g.get() == old; });
+    tick_ms_ = tickFor(rt().config);
+    tick_ = toTimespec(Duration(tick_ms_));
+    setUpChecks();
+    for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
 }
 
 void Worker::armTick() {
@@ -355,8 +512,30 @@ void Worker::armTick() {
 
 void Worker::onTick() {
     sweep();
+    restoreEjected();
     resumeAccepting();
     armTick();
+}
+
+void Worker::restoreEjected() {
+    // Passive ejection without health checks lasts fail_timeout (nginx's max_fails and
+    // fail_timeout); with checks, they alone bring the backend back.
+    for (const ClusterRt& cl : rt().clusters) {
+        if (cl.config.health_check.enabled) continue;
+        for (const BackendRt& b : cl.backends) {
+            BackendState& st = *b.state;
+            if (st.up.load(std::memory_order_relaxed) ||
+                now_ms_ < st.ejected_until_ms.load(std::memory_order_relaxed))
+                continue;
+            bool was_down = false;
+            if (st.up.compare_exchange_strong(was_down, true)) {
+                st.went_up.fetch_add(1, std::memory_order_relaxed);
+                st.failure_streak.store(0, std::memory_order_relaxed);
+                LOG_INFO("cluster %s: backend %s back up after fail_timeout",
+                         cl.config.name.c_str(), b.key.c_str());
+            }
+        }
+    }
 }
 
 void Worker::sweep() {
@@ -370,9 +549,14 @@ void Worker::sweep() {
             closeConn(c, slot, CloseReason::Drain);
             continue;
         }
+        if (c.state == ConnState::ReadingProxy &&
+            now_ms_ - c.last_active_ms >= lc(c).proxy_timeout.count()) {
+            proxyFailed(c, slot, ProxyFailure::Timeout);
+            continue;
+        }
         // The kernel moved a sockmap connection's bytes: what it counted is activity too.
         if (c.linked[0] || c.linked[1]) foldSockmapBytes(c);
-        int64_t idle = config_.listeners[c.listener].idle_timeout.count();
+        int64_t idle = lc(c).idle_timeout.count();
         if (c.state == ConnState::Relaying && idle > 0 && now_ms_ - c.last_active_ms >= idle) {
             closeConn(c, slot, CloseReason::IdleTimeout);
             continue;
@@ -385,8 +569,12 @@ void Worker::sweep() {
 }
 
 void Worker::closeListeners() {
-    for (ListenerState& l : listeners_) {
-        if (l.closed) continue;
+    for (ListenerState& l : listeners_)
+        if (!l.closed) closeListener(l);
+}
+
+void Worker::closeListener(ListenerState& l) {
+    {
         // shutdown() first: it takes a listening socket out of LISTEN (and out of its
         // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
         // to the file; close() alone would leave it completing handshakes nobody accepts until
@@ -403,6 +591,178 @@ void Worker::closeListeners() {
         io_uring_sqe_set_data64(sqe, UserData{}.pack());
         l.closed = true;
     }
+}
+
+// ---- health checks -------------------------------------------------------------------------
+
+void Worker::setUpChecks() {
+    // Checks of the previous generation: their sockets go, their CQEs and timers are ignored
+    // (generation mismatch). The backends' streaks live in BackendState and carry over.
+    for (Check& ck : checks_) {
+        if (ck.fd < 0) continue;
+        io_uring_sqe* sqe = ring_->sqe();
+        io_uring_prep_cancel_fd(sqe, ck.fd, IORING_ASYNC_CANCEL_ALL);
+        sqe->flags |= IOSQE_IO_HARDLINK;
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        sqe = ring_->sqe();
+        io_uring_prep_close(sqe, ck.fd);
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    }
+    retired_checks_ = std::move(checks_);
+    checks_.clear();
+    ++checks_generation_;
+    if (draining_) return;
+    unsigned workers = std::max(1u, rt().config.workers);
+    unsigned n = 0;
+    for (const ClusterRt& cl : rt().clusters) {
+        if (!cl.config.health_check.enabled) continue;
+        for (const BackendRt& b : cl.backends) {
+            if (n++ % workers != id_) continue;
+            Check ck;
+            ck.cluster = &cl;
+            ck.backend = &b;
+            ck.interval = toTimespec(cl.config.health_check.interval);
+            ck.reply.resize(cl.config.health_check.expect.size());
+            checks_.push_back(std::move(ck));
+        }
+    }
+    for (uint32_t i = 0; i < checks_.size(); ++i) startCheck(i);
+}
+
+io_uring_sqe* Worker::checkSqe(uint32_t i, Op op) {
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_sqe_set_data64(sqe, UserData{op, 0, i, checks_generation_}.pack());
+    return sqe;
+}
+
+void Worker::startCheck(uint32_t i) {
+    if (draining_ || i >= checks_.size()) return;
+    Check& ck = checks_[i];
+    auto fd = openUpstreamSocket(ck.backend->config.address, ck.cluster->config.source);
+    if (!fd) {
+        finishCheck(i, false, "no socket");
+        return;
+    }
+    ck.fd = fd->release();
+    ck.step = Check::Step::Connect;
+    ck.done = 0;
+    ck.deadline_us = monotonicUs() + ck.cluster->config.health_check.timeout.count() * 1000;
+    stepCheck(i);
+}
+
+void Worker::stepCheck(uint32_t i) {
+    Check& ck = checks_[i];
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    int64_t left = ck.deadline_us - monotonicUs();
+    if (left <= 0) {
+        finishCheck(i, false, "timeout");
+        return;
+    }
+    ck.left = usToTimespec(left);
+    io_uring_sqe* sqe = checkSqe(i, Op::Check);
+    switch (ck.step) {
+        case Check::Step::Connect:
+            io_uring_prep_connect(sqe, ck.fd, ck.backend->config.address.sockaddrPtr(),
+                                  ck.backend->config.address.length);
+            break;
+        case Check::Step::Send:
+            io_uring_prep_send(sqe, ck.fd, hc.send.data() + ck.done, hc.send.size() - ck.done,
+                               MSG_NOSIGNAL);
+            break;
+        case Check::Step::Recv:
+            io_uring_prep_recv(sqe, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done,
+                               0);
+            break;
+        case Check::Step::Idle:
+            break;
+    }
+    sqe->flags |= IOSQE_IO_LINK;
+    io_uring_prep_link_timeout(checkSqe(i, Op::CheckTimeout), &ck.left, 0);
+}
+
+void Worker::onCheck(uint32_t i, int res) {
+    if (i >= checks_.size()) return;
+    Check& ck = checks_[i];
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    if (res == -ECANCELED) {
+        finishCheck(i, false, "timeout");
+        return;
+    }
+    if (res < 0) {
+        finishCheck(i, false, strerror(-res));
+        return;
+    }
+    switch (ck.step) {
+        case Check::Step::Connect:
+            ck.step = !hc.send.empty()     ? Check::Step::Send
+                      : !hc.expect.empty() ? Check::Step::Recv
+                                           : Check::Step::Idle;
+            break;
+        case Check::Step::Send:
+            ck.done += static_cast<uint32_t>(res);
+            if (ck.done == hc.send.size()) {
+                ck.done = 0;
+                ck.step = hc.expect.empty() ? Check::Step::Idle : Check::Step::Recv;
+            }
+            break;
+        case Check::Step::Recv:
+            if (res == 0) {
+                finishCheck(i, false, "closed before the expected reply");
+                return;
+            }
+            ck.done += static_cast<uint32_t>(res);
+            if (std::memcmp(ck.reply.data(), hc.expect.data(), ck.done) != 0) {
+                finishCheck(i, false, "unexpected reply");
+                return;
+            }
+            if (ck.done == hc.expect.size()) ck.step = Check::Step::Idle;
+            break;
+        case Check::Step::Idle:
+            return;
+    }
+    if (ck.step == Check::Step::Idle)
+        finishCheck(i, true, "passed");
+    else
+        stepCheck(i);
+}
+
+void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
+    Check& ck = checks_[i];
+    if (ck.fd >= 0) {
+        ::close(ck.fd);  // its step completed: nothing in flight holds it
+        ck.fd = -1;
+    }
+    ck.step = Check::Step::Idle;
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    BackendState& st = *ck.backend->state;
+    const char* cluster = ck.cluster->config.name.c_str();
+    const char* backend = ck.backend->key.c_str();
+    if (passed) {
+        st.checks_passed.fetch_add(1, std::memory_order_relaxed);
+        st.check_fails.store(0, std::memory_order_relaxed);
+        uint32_t passes = st.check_passes.fetch_add(1, std::memory_order_relaxed) + 1;
+        bool was_down = false;
+        if (passes >= hc.rise && st.up.compare_exchange_strong(was_down, true)) {
+            st.went_up.fetch_add(1, std::memory_order_relaxed);
+            st.failure_streak.store(0, std::memory_order_relaxed);
+            LOG_INFO("cluster %s: backend %s up (%u checks passed)", cluster, backend, passes);
+        }
+    } else {
+        st.checks_failed.fetch_add(1, std::memory_order_relaxed);
+        st.check_passes.store(0, std::memory_order_relaxed);
+        uint32_t fails = st.check_fails.fetch_add(1, std::memory_order_relaxed) + 1;
+        bool was_up = true;
+        if (fails >= hc.fall && st.up.compare_exchange_strong(was_up, false)) {
+            st.went_down.fetch_add(1, std::memory_order_relaxed);
+            LOG_WARN("cluster %s: backend %s down (%u checks failed, last: %s)", cluster, backend,
+                     fails, why);
+        }
+    }
+    armCheckTimer(i);
+}
+
+void Worker::armCheckTimer(uint32_t i) {
+    io_uring_prep_timeout(checkSqe(i, Op::CheckTimer), &checks_[i].interval, 0, 0);
 }
 
 // ---- connections ---------------------------------------------------------------------------
@@ -434,38 +794,282 @@ io_uring_sqe* Worker::sqeFor(Conn& c, uint32_t slot, Op op, int d) {
     return sqe;
 }
 
-void Worker::startConnect(Conn& c, uint32_t slot) {
-    const ListenerConfig& lc = config_.listeners[c.listener];
-    auto fd = openUpstreamSocket(lc.upstream.family());
-    if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
-        // The fd budget keeps this rare, but pipes or the metrics server can take the last fds
-        // between an accept and its upstream socket. The client is not dropped: it gets the
-        // spare fd, or waits (accepting stops) until a closing connection gives fds back,
-        // bounded by connect_timeout.
-        pauseAccepting();
-        if (spare_fd_) {
-            spare_fd_.reset();
-            fd = openUpstreamSocket(lc.upstream.family());
-        }
-        if (!fd) {
-            c.last_active_ms = now_ms_;  // the wait is bounded by connect_timeout from here
-            fd_waiters_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
-            return;
+const SocketAddress& Worker::clientAddress(Conn& c) {
+    if (!c.have_client) {
+        // Only asked for when something needs it (source_hash, a PROXY header, the access log,
+        // a per-source limit): one getpeername() then, none per connection otherwise.
+        sockaddr_storage ss{};
+        socklen_t len = sizeof ss;
+        if (::getpeername(c.fd[0], reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+            c.client = addressFromSockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+        c.have_client = true;
+    }
+    return c.client;
+}
+
+bool Worker::admitSource(Conn& c, uint32_t slot) {
+    const ListenerRt& lr = c.gen->rt->listeners[c.listener];
+    uint32_t limit = lr.config.max_connections_per_source;
+    if (limit == 0) return true;
+    // The key is the address without its port: one client, many connections.
+    SocketAddress a = clientAddress(c);
+    a.setPort(0);
+    std::string key = a.toString();
+    {
+        std::lock_guard lock(lr.shared->sources_mutex);
+        uint32_t& n = lr.shared->sources[key];
+        if (n >= limit) {
+            if (n == 0) lr.shared->sources.erase(key);
+        } else {
+            ++n;
+            c.counted_source = true;
         }
     }
-    if (!fd) {
-        LOG_WARN("%s: upstream %s", lc.name.c_str(), fd.error().message().c_str());
+    if (!c.counted_source) {
+        LOG_DEBUG("%s: %s is at max_connections_per_source %u", lr.config.name.c_str(),
+                  key.c_str(), limit);
+        closeConn(c, slot, CloseReason::SourceLimit);
+        return false;
+    }
+    return true;
+}
+
+void Worker::releaseSource(Conn& c) {
+    if (!c.counted_source) return;
+    c.counted_source = false;
+    const ListenerRt& lr = c.gen->rt->listeners[c.listener];
+    SocketAddress a = c.client;
+    a.setPort(0);
+    std::lock_guard lock(lr.shared->sources_mutex);
+    auto it = lr.shared->sources.find(a.toString());
+    if (it != lr.shared->sources.end() && --it->second == 0) lr.shared->sources.erase(it);
+}
+
+int Worker::pickBackend(Conn& c) {
+    const ClusterRt& cl = cluster(c);
+    const uint32_t ci = c.gen->rt->listeners[c.listener].cluster;
+    uint64_t key = 0;
+    if (cl.config.balance == Balance::SourceHash) key = hashAddress(clientAddress(c));
+    return c.gen->balancers[ci].pick(
+        key,
+        [&](size_t i) {
+            return !(c.tried & (uint64_t{1} << (i % 64))) &&
+                   cl.backends[i].state->up.load(std::memory_order_relaxed);
+        },
+        [&](size_t i) {
+            return static_cast<uint32_t>(
+                std::max(0, cl.backends[i].state->active.load(std::memory_order_relaxed)));
+        });
+}
+
+void Worker::startConnect(Conn& c, uint32_t slot) {
+    c.state = ConnState::Connecting;
+    c.connect_deadline_us = monotonicUs() + lc(c).connect_timeout.count() * 1000;
+    connectBackend(c, slot);
+}
+
+void Worker::connectBackend(Conn& c, uint32_t slot) {
+    const ClusterRt& cl = cluster(c);
+    if (c.fd[1] < 0) {
+        // A waiter for an fd (below) comes back here with its backend already picked.
+        int b = c.backend >= 0 && c.attempts == 0 ? c.backend : pickBackend(c);
+        if (b < 0 && c.attempts > 0) {
+            // Every backend that is up was tried once: go round again (a lone backend that
+            // refused once may well accept now), still within the budget.
+            c.tried = 0;
+            b = pickBackend(c);
+        }
+        if (b < 0) {
+            if (c.attempts == 0) {
+                LOG_DEBUG("%s: no backend of cluster %s is up", lc(c).name.c_str(),
+                          cl.config.name.c_str());
+                closeConn(c, slot, CloseReason::NoBackend);
+            } else {
+                closeConn(c, slot, CloseReason::ConnectFailed);
+            }
+            return;
+        }
+        c.backend = static_cast<int16_t>(b);
+        const BackendRt& be = cl.backends[b];
+        auto fd = openUpstreamSocket(be.config.address, cl.config.source);
+        if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE)) {
+            // The fd budget keeps this rare, but pipes or the metrics server can take the last
+            // fds between an accept and its upstream socket. The client is not dropped: it
+            // gets the spare fd, or waits (accepting stops) until a closing connection gives
+            // fds back, bounded by connect_timeout.
+            pauseAccepting();
+            if (spare_fd_) {
+                spare_fd_.reset();
+                fd = openUpstreamSocket(be.config.address, cl.config.source);
+            }
+            if (!fd) {
+                fd_waiters_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
+                return;
+            }
+        }
+        if (!fd) {
+            LOG_WARN("%s: backend %s: %s", lc(c).name.c_str(), be.key.c_str(),
+                     fd.error().message().c_str());
+            closeConn(c, slot, CloseReason::Error);
+            return;
+        }
+        c.fd[1] = fd->release();
+    }
+    const BackendRt& be = cl.backends[c.backend];
+    if (be.config.address.family() != AF_UNIX)
+        applyTcpOptions(c.fd[1], lc(c), cl.config.tcp_keepalive);
+    c.tried |= uint64_t{1} << (c.backend % 64);
+    ++c.attempts;
+    be.state->stats[id_].attempts.add();
+    c.connect_start_us = monotonicUs();
+    int64_t left = std::max<int64_t>(c.connect_deadline_us - c.connect_start_us, 1000);
+    c.connect_left = usToTimespec(left);
+    io_uring_sqe* sqe = sqeFor(c, slot, Op::Connect, 0);
+    io_uring_prep_connect(sqe, c.fd[1], be.config.address.sockaddrPtr(),
+                          be.config.address.length);
+    // The linked timeout cancels the connect (CQE -ECANCELED) when what is left of
+    // connect_timeout runs out: retries share one budget, as HAProxy's `timeout connect` does
+    // per attempt but bounded overall here, so a client never waits longer than configured.
+    sqe->flags |= IOSQE_IO_LINK;
+    sqe = sqeFor(c, slot, Op::ConnectTimeout, 0);
+    io_uring_prep_link_timeout(sqe, &c.connect_left, 0);
+}
+
+void Worker::onConnectFailed(Conn& c, uint32_t slot, int err) {
+    const ClusterRt& cl = cluster(c);
+    const BackendRt& be = cl.backends[c.backend];
+    ConnectFailure why = classifyConnectError(err);
+    lstats(c).connect_failures[idx(why)].add();
+    be.state->stats[id_].connect_failures[idx(why)].add();
+    LOG_DEBUG("%s: connect %s: %s", lc(c).name.c_str(), be.key.c_str(), strerror(err));
+    // Passive ejection: max_fails failures in a row, from any worker, take the backend down.
+    // Never the only backend (as nginx): down, it would turn every client away for
+    // fail_timeout, where trying it still serves whoever comes when it is back.
+    uint32_t streak = be.state->failure_streak.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (cl.config.max_fails > 0 && streak >= cl.config.max_fails && cl.backends.size() > 1) {
+        bool was_up = true;
+        if (be.state->up.compare_exchange_strong(was_up, false)) {
+            be.state->went_down.fetch_add(1, std::memory_order_relaxed);
+            be.state->check_passes.store(0, std::memory_order_relaxed);
+            be.state->ejected_until_ms.store(now_ms_ + cl.config.fail_timeout.count(),
+                                             std::memory_order_relaxed);
+            LOG_WARN("cluster %s: backend %s down after %u connect failures in a row (%s)%s",
+                     cl.config.name.c_str(), be.key.c_str(), streak, strerror(err),
+                     cl.config.health_check.enabled ? "; health checks bring it back" : "");
+        }
+    }
+    ::close(c.fd[1]);  // the connect completed: no SQE holds this socket any more
+    c.fd[1] = -1;
+    bool budget_left = monotonicUs() < c.connect_deadline_us;
+    if (c.attempts <= cl.config.retries && budget_left) {
+        connectBackend(c, slot);
+        return;
+    }
+    closeConn(c, slot, CloseReason::ConnectFailed);
+}
+
+void Worker::startProxyRead(Conn& c, uint32_t slot) {
+    c.state = ConnState::ReadingProxy;
+    c.last_active_ms = now_ms_;  // proxy_timeout counts from here (sweep)
+    io_uring_prep_poll_add(sqeFor(c, slot, Op::ProxyRead, 0), c.fd[0], POLLIN | POLLRDHUP);
+}
+
+void Worker::onProxyReadable(Conn& c, uint32_t slot, int res) {
+    if (c.state != ConnState::ReadingProxy || res < 0) return;
+    const ListenerConfig& l = lc(c);
+    // Peeked, not read: the bytes after the header are the client's payload and stay in the
+    // socket for the data path. A header still incomplete sets SO_RCVLOWAT to what the parser
+    // needs, so the next poll fires only once that much is there, instead of at once again.
+    size_t window = std::min<size_t>(scratch_.size(), std::max<uint64_t>(l.proxy_max_size, 108));
+    ssize_t n = ::recv(c.fd[0], scratch_.data(), window, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) {
+        proxyFailed(c, slot, ProxyFailure::Eof);
+        return;
+    }
+    if (n < 0) {
+        if (errno == EAGAIN || errno == EINTR) {
+            startProxyRead(c, slot);
+        } else {
+            closeConn(c, slot, CloseReason::ClientReset);
+        }
+        return;
+    }
+    auto r = proxy_protocol::parse({scratch_.data(), static_cast<size_t>(n)}, l.proxy_max_size);
+    if (r.kind == proxy_protocol::ParseResult::Malformed) {
+        proxyFailed(c, slot, static_cast<ProxyFailure>(r.error));
+        return;
+    }
+    if (r.kind == proxy_protocol::ParseResult::Incomplete) {
+        int lowat = static_cast<int>(r.need);
+        ::setsockopt(c.fd[0], SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
+        io_uring_prep_poll_add(sqeFor(c, slot, Op::ProxyRead, 0), c.fd[0], POLLIN | POLLRDHUP);
+        return;
+    }
+    // Consume exactly the header. The peek saw all of it, so this read takes it at once.
+    if (::recv(c.fd[0], scratch_.data(), r.length, MSG_DONTWAIT) != r.length) {
         closeConn(c, slot, CloseReason::Error);
         return;
     }
-    c.fd[1] = fd->release();
-    applyTcpOptions(c.fd[1], lc);
-    io_uring_sqe* sqe = sqeFor(c, slot, Op::Connect, 0);
-    io_uring_prep_connect(sqe, c.fd[1], lc.upstream.sockaddrPtr(), lc.upstream.length);
-    // The linked timeout cancels the connect (CQE -ECANCELED) when connect_timeout runs out.
-    sqe->flags |= IOSQE_IO_LINK;
-    sqe = sqeFor(c, slot, Op::ConnectTimeout, 0);
-    io_uring_prep_link_timeout(sqe, &listeners_[c.listener].connect_timeout, 0);
+    int one = 1;
+    ::setsockopt(c.fd[0], SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
+    if (r.has_addresses) {
+        // The client from now on: source_hash, limits, the access log, a PROXY header sent on.
+        c.client = r.src;
+        c.local = r.dst;
+        c.have_client = c.have_local = true;
+    }
+    if (admitSource(c, slot)) startConnect(c, slot);
+}
+
+void Worker::proxyFailed(Conn& c, uint32_t slot, ProxyFailure why) {
+    lstats(c).proxy_errors[idx(why)].add();
+    LOG_DEBUG("%s: PROXY header refused: %s", lc(c).name.c_str(),
+              std::string(kProxyFailureLabels[idx(why)]).c_str());
+    closeConn(c, slot, CloseReason::ProxyProtocol);
+}
+
+void Worker::logConnection(Conn& c, CloseReason reason) {
+    AccessRecord r;
+    r.start_unix_us = c.accepted_us;
+    r.duration_us = static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.accepted_mono_us));
+    r.connect_us = c.connect_us;
+    r.bytes_upstream = c.bytes[0];
+    r.bytes_downstream = c.bytes[1];
+    r.client = clientAddress(c);
+    copyField(r.listener, lc(c).name);
+    copyField(r.cluster, cluster(c).config.name);
+    if (c.backend >= 0) copyField(r.backend, cluster(c).backends[c.backend].key);
+    r.reason = reason;
+    r.attempts = c.attempts;
+    if (c.state == ConnState::Relaying) {
+        static constexpr std::string_view kPaths[] = {"splice", "copy", "sockmap"};
+        copyField(r.path, kPaths[static_cast<int>(c.dir[0].path)]);
+    }
+    process_.access_log->push(id_, r);
+}
+
+bool Worker::sendProxyHeader(Conn& c, uint32_t slot) {
+    const BackendRt& be = cluster(c).backends[c.backend];
+    if (be.config.send_proxy == ProxyVersion::Off) return true;
+    if (!c.have_local) {
+        sockaddr_storage ss{};
+        socklen_t len = sizeof ss;
+        if (::getsockname(c.fd[0], reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+            c.local = addressFromSockaddr(reinterpret_cast<sockaddr*>(&ss), len);
+        c.have_local = true;
+    }
+    std::array<uint8_t, proxy_protocol::kMaxWrite> header;
+    size_t n = proxy_protocol::writeHeader(be.config.send_proxy == ProxyVersion::V1
+                                               ? proxy_protocol::Version::V1
+                                               : proxy_protocol::Version::V2,
+                                           clientAddress(c), c.local, header);
+    // A socket that just connected has an empty send buffer, so the whole header (at most
+    // 108 bytes) is queued by this one nonblocking send, ahead of any relayed byte in every
+    // data path (the sockmap's redirect starts only after this).
+    ssize_t sent = ::send(c.fd[1], header.data(), n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (sent == static_cast<ssize_t>(n)) return true;
+    failDirection(c, slot, 0, false, sent < 0 ? errno : EAGAIN);
+    return false;
 }
 
 void Worker::retryFdWaiters() {
@@ -478,32 +1082,41 @@ void Worker::retryFdWaiters() {
         Conn& c = conn(ud.slot);
         if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0)
             continue;
-        int64_t budget = config_.listeners[c.listener].connect_timeout.count();
-        if (now_ms_ - c.last_active_ms >= budget) {
-            stats_.listeners[c.listener].connect_failures[idx(ConnectFailure::Other)].add();
+        if (monotonicUs() >= c.connect_deadline_us) {
+            lstats(c).connect_failures[idx(ConnectFailure::Other)].add();
             LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
-                     config_.listeners[c.listener].name.c_str());
+                     lc(c).name.c_str());
             closeConn(c, ud.slot, CloseReason::ConnectFailed);
             continue;
         }
-        startConnect(c, ud.slot);
+        connectBackend(c, ud.slot);
     }
 }
 
 void Worker::onConnect(Conn& c, uint32_t slot, int res) {
     if (c.state != ConnState::Connecting) return;
     if (res < 0) {
-        ConnectFailure why = classifyConnectError(-res);
-        stats_.listeners[c.listener].connect_failures[idx(why)].add();
-        LOG_DEBUG("%s: connect %s: %s", config_.listeners[c.listener].name.c_str(),
-                  config_.listeners[c.listener].upstream.toString().c_str(), strerror(-res));
-        closeConn(c, slot, CloseReason::ConnectFailed);
+        onConnectFailed(c, slot, -res);
         return;
     }
+    const BackendRt& be = cluster(c).backends[c.backend];
+    BackendStats& bs = be.state->stats[id_];
+    c.connect_us = monotonicUs() - c.connect_start_us;
+    bs.connections.add();
+    size_t bucket = 0;
+    while (bucket < kConnectBuckets.size() &&
+           static_cast<double>(c.connect_us) > kConnectBuckets[bucket] * 1e6)
+        ++bucket;
+    bs.connect_time[bucket].add();
+    bs.connect_time_us.add(static_cast<uint64_t>(c.connect_us));
+    be.state->failure_streak.store(0, std::memory_order_relaxed);
+    be.state->active.fetch_add(1, std::memory_order_relaxed);
     c.state = ConnState::Relaying;
     c.last_active_ms = now_ms_;
-    Mode mode = config_.listeners[c.listener].mode;
-    if (mode == Mode::Sockmap && sockmap_ != nullptr) {
+    if (!sendProxyHeader(c, slot)) return;
+    Mode mode = lc(c).mode;
+    // The sockmap program relays TCP sockets only; a unix backend runs splice.
+    if (mode == Mode::Sockmap && sockmap_ != nullptr && be.config.address.family() != AF_UNIX) {
         startSockmap(c, slot);
     } else {
         DataPath path = mode == Mode::Copy ? DataPath::Copy : DataPath::Splice;
@@ -530,8 +1143,11 @@ void Worker::startDirection(Conn& c, uint32_t slot, int d) {
 }
 
 void Worker::addBytes(Conn& c, int d, uint64_t n) {
-    ListenerStats& s = stats_.listeners[c.listener];
+    ListenerStats& s = lstats(c);
     (d == 0 ? s.bytes_upstream : s.bytes_downstream).add(n);
+    c.bytes[d] += n;
+    BackendStats& b = cluster(c).backends[c.backend].state->stats[id_];
+    (d == 0 ? b.bytes_upstream : b.bytes_downstream).add(n);
     c.last_active_ms = now_ms_;
 }
 
@@ -544,7 +1160,7 @@ void Worker::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) 
     if (isPeerError(err)) {
         closeConn(c, slot, resetReason(d, on_src));
     } else {
-        LOG_WARN("%s: %s on %s socket", config_.listeners[c.listener].name.c_str(), strerror(err),
+        LOG_WARN("%s: %s on %s socket", lc(c).name.c_str(), strerror(err),
                  (on_src ? d : 1 - d) == 0 ? "client" : "upstream");
         closeConn(c, slot, CloseReason::Error);
     }
@@ -553,15 +1169,23 @@ void Worker::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) 
 void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
     if (c.counted_active) {
-        stats_.listeners[c.listener].closed[idx(reason)].add();
+        lstats(c).closed[idx(reason)].add();
         c.counted_active = false;
+        c.gen->rt->listeners[c.listener].shared->live.fetch_sub(1, std::memory_order_relaxed);
+        process_.live.fetch_sub(1, std::memory_order_relaxed);
+        // A listener held at max_connections (by any worker) may take one more now.
+        if (limit_paused_) resume_pending_ = true;
+        if (process_.access_log != nullptr) logConnection(c, reason);
     }
+    if (c.connect_us >= 0)
+        cluster(c).backends[c.backend].state->active.fetch_sub(1, std::memory_order_relaxed);
+    releaseSource(c);
     c.state = ConnState::Closing;
     if (c.linked[0] || c.linked[1]) {
         foldSockmapBytes(c);
         for (int d = 0; d < 2; ++d)
             if (c.linked[d])
-                stats_.listeners[c.listener].sockmap_replays.add(
+                lstats(c).sockmap_replays.add(
                     loadRelaxed(sockmap_->record(c.record + d).replayed));
         // Out of the maps before close(): see pump/sockmap_pump.hpp.
         for (int i = 0; i < 2; ++i)
@@ -627,6 +1251,10 @@ void Worker::freeConn(Conn& c, uint32_t slot) {
         }
     }
     uint32_t generation = c.generation + 1;
+    if (--c.gen->live == 0 && c.gen != generations_.back().get()) {
+        // The last connection of an older config generation: it can go.
+        std::erase_if(generations_, [&](const auto& g) { return g.get() == c.gen; });
+    }
     c = Conn{};
     c.generation = generation;
     c.next_free = free_head_;
@@ -696,7 +1324,7 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
     uint64_t moved = 0;
     SpliceStep step =
         pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
-                   static_cast<uint32_t>(config_.listeners[c.listener].pipe_size), moved);
+                   static_cast<uint32_t>(lc(c).pipe_size), moved);
     if (moved > 0) addBytes(c, d, moved);
     switch (step.kind) {
         case SpliceStep::WaitRead:
@@ -728,7 +1356,7 @@ void Worker::startSockmap(Conn& c, uint32_t slot) {
         // In flight per direction (the psock's backlog plus the peer's send queue): four pipes'
         // worth, comparable to what splice has the kernel hold for a direction (one pipe plus
         // the socket buffers). pipe_size is the one knob for both.
-        uint64_t limit = std::max<uint64_t>(4 * config_.listeners[c.listener].pipe_size, 64 * 1024);
+        uint64_t limit = std::max<uint64_t>(4 * lc(c).pipe_size, 64 * 1024);
         r = setUpPair(*sockmap_, c, sockmap_base_ + 2 * slot, limit);
     } else {
         // Slots stay below max_conns (the fd budget bounds live connections); defensive.
@@ -742,8 +1370,8 @@ void Worker::startSockmap(Conn& c, uint32_t slot) {
         if (sockmap_conns_++ == 0) armSockmapScan();
     }
     if (r.fell_back) {
-        stats_.listeners[c.listener].sockmap_fallbacks[idx(r.reason)].add();
-        LOG_DEBUG("%s: sockmap fallback %s", config_.listeners[c.listener].name.c_str(),
+        lstats(c).sockmap_fallbacks[idx(r.reason)].add();
+        LOG_DEBUG("%s: sockmap fallback %s", lc(c).name.c_str(),
                   std::string(label(r.reason)).c_str());
     }
 }
@@ -823,7 +1451,7 @@ void Worker::startCatchUp(Conn& c, uint32_t slot, int d) {
     if (dir.catching_up || dir.user_copy) return;
     dir.catching_up = true;
     dir.barrier_step = 0;
-    stats_.listeners[c.listener].sockmap_catchups.add();
+    lstats(c).sockmap_catchups.add();
     catchUp(c, slot, d);
 }
 
@@ -967,7 +1595,7 @@ uint32_t Worker::dropReplayed(Conn& c, int d, char* data, uint32_t len) {
         // Dropped bytes count as handled, or the program would wait for them forever.
         dir.consumed += cut;
         storeRelaxed(r.consumed, __u64{dir.consumed});
-        stats_.listeners[c.listener].sockmap_skipped.add(cut);
+        lstats(c).sockmap_skipped.add(cut);
     }
     return kept;
 }
@@ -980,7 +1608,7 @@ bool Worker::sockmapBroken(Conn& c, uint32_t slot) {
         LOG_ERROR(
             "%s: the kernel gave the sockmap program a %s stream it cannot relay exactly; "
             "resetting the connection",
-            config_.listeners[c.listener].name.c_str(), d == 0 ? "client" : "upstream");
+            lc(c).name.c_str(), d == 0 ? "client" : "upstream");
         linger lg{1, 0};
         for (int fd : c.fd)
             if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -1107,7 +1735,7 @@ void Worker::onSend(Conn& c, uint32_t slot, int d, int res) {
             dir.copied += static_cast<uint64_t>(res);
             dir.consumed += static_cast<uint64_t>(res);
             storeRelaxed(sockmap_->record(c.record + d).consumed, __u64{dir.consumed});
-            stats_.listeners[c.listener].sockmap_copied.add(static_cast<uint64_t>(res));
+            lstats(c).sockmap_copied.add(static_cast<uint64_t>(res));
         }
         if (chunk.sent == chunk.len) {
             bufs_->recycle(chunk.bid);

@@ -6,16 +6,20 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "access_log.hpp"
 #include "config.hpp"
 #include "conn.hpp"
 #include "metrics.hpp"
 #include "pipe_pool.hpp"
+#include "proxy_protocol.hpp"
 #include "pump/sockmap_pump.hpp"
+#include "runtime.hpp"
 #include "sockmap.hpp"
 #include "unique_fd.hpp"
 #include "uring/buf_ring.hpp"
@@ -26,14 +30,32 @@ struct io_uring_cqe;
 
 namespace zcrelay {
 
+// What all workers share besides the Runtime: the process-wide connection count
+// (Config::max_connections) and the access log (null when off).
+struct ProcessShared {
+    std::atomic<uint32_t> live{0};
+    AccessLog* access_log = nullptr;
+    std::atomic<uint64_t> reloads_ok{0};
+    std::atomic<uint64_t> reloads_failed{0};
+};
+
+// A Runtime as one worker uses it: its Balancers (worker-local state) and how many of this
+// worker's connections still belong to it. The newest is current; older ones live on while
+// their connections do.
+struct Generation {
+    std::shared_ptr<const Runtime> rt;
+    std::vector<Balancer> balancers;  // per rt->clusters
+    uint32_t live = 0;
+};
+
 class Worker {
   public:
-    // `listen_fds[i]` is this worker's socket for config.listeners[i]. `max_conns`: this
+    // `listen_fds[i]` is this worker's socket for rt->listeners[i]. `max_conns`: this
     // worker's share of the process's fd budget, in connections (2 fds each). `sockmap`
     // (shared, may be null) holds records [sockmap_base, sockmap_base + 2 * max_conns) for
     // this worker: two per connection slot.
-    Worker(unsigned id, const Config& config, std::vector<UniqueFd> listen_fds, uint32_t max_conns,
-           Sockmap* sockmap, uint32_t sockmap_base);
+    Worker(unsigned id, std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> listen_fds,
+           uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base, ProcessShared& process);
     ~Worker();
 
     // Starts the thread; the future resolves once the ring is up and accepting (or failed).
@@ -42,6 +64,10 @@ class Worker {
     void drain() { post(kCmdDrain); }
     // Close every connection now (a second SIGTERM).
     void stop() { post(kCmdStop); }
+    // Switch to `rt` (SIGHUP): `new_fds` are this worker's sockets for the listeners of `rt`
+    // whose address no listener of the current generation has, in rt order. Live connections
+    // keep the generation they started in.
+    void reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds);
     void join();
     bool finished() const { return finished_.load(); }
     const WorkerStats& stats() const { return stats_; }
@@ -49,13 +75,17 @@ class Worker {
   private:
     static constexpr uint32_t kCmdDrain = 1;
     static constexpr uint32_t kCmdStop = 2;
+    static constexpr uint32_t kCmdReload = 4;
 
+    // A listening socket. listeners_ only grows (an index is the Accept SQE's slot, so it must
+    // stay valid while accepts are armed); a listener a reload removed stays closed in place.
     struct ListenerState {
         UniqueFd fd;
+        SocketAddress address;  // as configured (port 0 included)
+        int32_t rt_index = -1;  // its index in the current generation's listeners
         uint32_t armed = 0;   // single-shot accepts in flight
         bool paused = false;  // at the fd budget or on EMFILE; resumeAccepting() re-arms
         bool closed = false;
-        __kernel_timespec connect_timeout{};  // read by the kernel at submit: must outlive it
     };
 
     void post(uint32_t cmd);
@@ -65,6 +95,11 @@ class Worker {
     void dispatch(const io_uring_cqe* cqe);
 
     // Listening and commands.
+    const Runtime& rt() const { return *generations_.back()->rt; }
+    // Whether listener li may take one more connection (max_connections, listener and global).
+    bool belowLimits(const ListenerState& l) const;
+    void applyReload();
+    void closeListener(ListenerState& l);
     void armAccept(uint32_t li);
     void onAccept(uint32_t li, int res, uint32_t flags);
     void armWake();
@@ -74,6 +109,7 @@ class Worker {
     // Idle timeouts and the drain deadline.
     void sweep();
     void closeListeners();
+    void restoreEjected();
     void pauseAccepting();
     void resumeAccepting();
 
@@ -81,7 +117,41 @@ class Worker {
     // A free slot, now Connecting; UINT32_MAX when the slot space is exhausted.
     uint32_t allocConn();
     Conn& conn(uint32_t slot) { return chunks_[slot / kChunk][slot % kChunk]; }
+    const ListenerConfig& lc(const Conn& c) const {
+        return c.gen->rt->listeners[c.listener].config;
+    }
+    ListenerStats& lstats(const Conn& c) {
+        return c.gen->rt->listeners[c.listener].shared->stats[id_];
+    }
+    const ClusterRt& cluster(const Conn& c) const {
+        return c.gen->rt->clusters[c.gen->rt->listeners[c.listener].cluster];
+    }
+    // The client's address (getpeername, once), for whatever needs it.
+    const SocketAddress& clientAddress(Conn& c);
+    // False (and c closed) when the client's address is at max_connections_per_source.
+    bool admitSource(Conn& c, uint32_t slot);
+    void releaseSource(Conn& c);
     void startConnect(Conn& c, uint32_t slot);
+    // accept_proxy: wait for the client's PROXY header, parse it, consume exactly it.
+    void startProxyRead(Conn& c, uint32_t slot);
+    void onProxyReadable(Conn& c, uint32_t slot, int res);
+    void proxyFailed(Conn& c, uint32_t slot, ProxyFailure why);
+    // A backend for the next connect attempt, -1 if none is up (and untried).
+    int pickBackend(Conn& c);
+    void connectBackend(Conn& c, uint32_t slot);
+    void onConnectFailed(Conn& c, uint32_t slot, int err);
+    bool sendProxyHeader(Conn& c, uint32_t slot);
+    void logConnection(Conn& c, CloseReason reason);
+
+    // Health checks: this worker checks every backend whose index (over all checked backends
+    // of the current generation) is its id modulo the worker count, on its own ring.
+    void setUpChecks();
+    void startCheck(uint32_t i);
+    void stepCheck(uint32_t i);
+    void onCheck(uint32_t i, int res);
+    void finishCheck(uint32_t i, bool passed, const char* why);
+    void armCheckTimer(uint32_t i);
+    io_uring_sqe* checkSqe(uint32_t i, Op op);
     void retryFdWaiters();
     void onConnect(Conn& c, uint32_t slot, int res);
     void startDirection(Conn& c, uint32_t slot, int d);
@@ -136,8 +206,8 @@ class Worker {
     static constexpr uint32_t kChunk = 256;
 
     const unsigned id_;
-    const Config& config_;
     std::string name_;
+    ProcessShared& process_;
     const uint32_t max_conns_;
     Sockmap* const sockmap_;
     const uint32_t sockmap_base_;
@@ -150,8 +220,13 @@ class Worker {
     std::atomic<uint32_t> commands_{0};
     std::atomic<bool> finished_{false};
     std::thread thread_;
+    // reload() -> the worker thread: taken under the mutex once per reload, never per I/O.
+    std::mutex reload_mutex_;
+    std::shared_ptr<const Runtime> pending_rt_;
+    std::vector<UniqueFd> pending_fds_;
 
     // Owned by the worker thread from here on.
+    std::vector<std::unique_ptr<Generation>> generations_;  // back(): the current one
     std::unique_ptr<Ring> ring_;
     std::unique_ptr<BufRing> bufs_;
     std::unique_ptr<PipePool> pipes_;
@@ -160,6 +235,26 @@ class Worker {
     uint32_t slots_used_ = 0;           // high-water mark of slots ever handed out
     uint32_t live_ = 0;                 // slots not Free (Closing ones included)
     uint32_t accepts_armed_ = 0;        // over all listeners: each may become a connection
+    // One check in progress or waiting for its next turn. A check's steps run in order, each
+    // bounded by a linked timeout carrying what is left of health_check.timeout.
+    struct Check {
+        enum class Step : uint8_t { Idle, Connect, Send, Recv };
+        const ClusterRt* cluster = nullptr;  // of the current generation (kept alive by it)
+        const BackendRt* backend = nullptr;
+        int fd = -1;
+        Step step = Step::Idle;
+        uint32_t done = 0;       // bytes of `send` sent, or of `expect` received
+        int64_t deadline_us = 0;
+        __kernel_timespec left{};      // the step's link timeout: read by the kernel at submit
+        __kernel_timespec interval{};  // the wait until the next check
+        std::string reply;             // what came back, compared with `expect`
+    };
+    std::vector<Check> checks_;
+    // The previous generation's checks: a cancelled recv may still name their buffers until
+    // the cancel is processed, so they are freed one reload later.
+    std::vector<Check> retired_checks_;
+    uint32_t checks_generation_ = 0;  // bumped on every setUpChecks: older CQEs are dropped
+    std::vector<uint8_t> scratch_;        // PROXY headers are peeked into this
     std::vector<uint64_t> fd_waiters_;  // accepted clients waiting for an fd for their upstream
     std::vector<uint64_t> starved_;     // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
@@ -172,6 +267,7 @@ class Worker {
     int64_t emfile_logged_ms_ = -1000000;  // rate limit for the EMFILE warning
     uint32_t emfile_unlogged_ = 0;
     bool accept_paused_ = false;   // listeners paused for want of fds (not for draining)
+    bool limit_paused_ = false;    // a listener stopped arming accepts at max_connections
     bool resume_pending_ = false;  // a connection was freed while paused
     bool draining_ = false;
     int64_t drain_deadline_ms_ = 0;

@@ -3,7 +3,7 @@
 //
 //   bit  0..7   Op          what the SQE was
 //   bit  8      direction   0 = client->upstream, 1 = upstream->client (per-connection ops)
-//   bit  9..31  slot        connection slot, or listener index for Accept
+//   bit  9..31  slot        connection slot, listener index for Accept, check for Check*
 //   bit 32..63  generation  the slot's generation when the SQE was issued
 //
 // A slot is reused only after every SQE issued for it has completed (Conn::inflight), so a
@@ -27,6 +27,10 @@ enum class Op : uint8_t {
     Send,            // copy path: send from a provided buffer
     Barrier,         // sockmap: a timer to look at a barrier (or the EOF) again
     SockmapScan,     // sockmap: the worker's timer to look for passed bytes
+    ProxyRead,       // accept_proxy: the client's PROXY header (or enough of it) is readable
+    Check,           // health check I/O: connect, send or recv (slot = check index)
+    CheckTimeout,    // the linked timeout bounding a check's I/O
+    CheckTimer,      // the wait until a backend's next check
 };
 
 struct UserData {

@@ -72,7 +72,7 @@ SpliceStep::Kind driveUntilDone(Direction& d, int src, int dst, PipePool& pool, 
 }
 
 TEST(PipePool, ReusesReleasedPipesAndCountsThem) {
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(4, kNoCeiling, stats);
     auto a = pool.acquire();
     ASSERT_TRUE(a.has_value());
@@ -89,7 +89,7 @@ TEST(PipePool, ReusesReleasedPipesAndCountsThem) {
 }
 
 TEST(PipePool, ExhaustedPoolSaysSo) {
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(2, kNoCeiling, stats);
     auto a = pool.acquire();
     auto b = pool.acquire();
@@ -103,7 +103,7 @@ TEST(PipePool, ExhaustedPoolSaysSo) {
 }
 
 TEST(PipePool, GrowsToPipeSizeAndShrinksWhenCached) {
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(4, kNoCeiling, stats);
     auto p = pool.acquire();
     ASSERT_TRUE(p);
@@ -117,7 +117,7 @@ TEST(PipePool, GrowsToPipeSizeAndShrinksWhenCached) {
 }
 
 TEST(PipePool, OutOfFdsIsEmfileNotACrash) {
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(16, kNoCeiling, stats);
     rlimit old{};
     ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
@@ -137,7 +137,7 @@ TEST(PipePool, OutOfFdsIsEmfileNotACrash) {
 // Pipes must leave the top of the fd table to the process's own needs (metrics sockets, the
 // spare fd): a pipe landing at or above the ceiling is refused like EMFILE and leaks nothing.
 TEST(PipePool, PipeAboveTheFdCeilingIsRefusedAsEmfile) {
-    WorkerStats stats(1);
+    WorkerStats stats;
     int probe = ::dup(0);
     ASSERT_GE(probe, 0);
     ::close(probe);
@@ -168,7 +168,7 @@ TEST(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit) {
             held.push_back(fds[1]);
             if (fcntl(fds[1], F_SETPIPE_SZ, 1 << 20) < 0) break;  // the budget is spent
         }
-        WorkerStats stats(1);
+        WorkerStats stats;
         PipePool pool(16, kNoCeiling, stats);
         auto p = pool.acquire();
         if (p.has_value()) _exit(12);
@@ -187,7 +187,7 @@ TEST(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit) {
 TEST(SplicePump, PipeFullOfSmallSegmentsIsNotEndOfData) {
     TcpPair in = makePair();
     TcpPair out = makePair();
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(4, kNoCeiling, stats);
     constexpr size_t kSegments = 4000, kSegment = 100;
     std::thread writer([&] {
@@ -226,7 +226,7 @@ TEST(SplicePump, PipeFullOfSmallSegmentsIsNotEndOfData) {
 TEST(SplicePump, SlowReaderParksBytesInThePipeThenResumes) {
     TcpPair in = makePair();
     TcpPair out = makePair();
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(4, kNoCeiling, stats);
     constexpr size_t kTotal = 32 << 20;
     std::thread writer([&] {
@@ -275,7 +275,7 @@ TEST(SplicePump, SlowReaderParksBytesInThePipeThenResumes) {
 TEST(SplicePump, ResetOnSourceIsAFailureOnSrc) {
     TcpPair in = makePair();
     TcpPair out = makePair();
-    WorkerStats stats(1);
+    WorkerStats stats;
     PipePool pool(4, kNoCeiling, stats);
     linger lg{1, 0};
     ::setsockopt(in.client, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);

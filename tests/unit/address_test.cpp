@@ -7,7 +7,7 @@
 namespace zcrelay {
 
 // gtest shows failures as text, not as 128 bytes of sockaddr_storage.
-void PrintTo(const SocketAddress& a, std::ostream* os) { *os << a.toString(); }
+inline void PrintTo(const SocketAddress& a, std::ostream* os) { *os << a.toString(); }
 
 namespace {
 

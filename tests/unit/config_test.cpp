@@ -65,8 +65,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{"bad_syntax.yaml", "4:1: (yaml): end of sequence flow not found"},
         BadFixture{
             "unknown_key.yaml",
-            "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, upstream, "
-            "mode, pipe_size, connect_timeout, idle_timeout, tcp_nodelay, notsent_lowat"},
+            "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, cluster, "
+            "upstream, accept_proxy, proxy_timeout, proxy_max_size, max_connections, "
+            "max_connections_per_source, mode, pipe_size, connect_timeout, idle_timeout, "
+            "tcp_nodelay, notsent_lowat, tcp_keepalive"},
         BadFixture{"wrong_type.yaml",
                    "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
         BadFixture{"workers_not_number.yaml",
@@ -84,7 +86,8 @@ INSTANTIATE_TEST_SUITE_P(
                    "are not resolved"},
         BadFixture{"metrics_bad_address.yaml",
                    "3:11: metrics.listen: port 91000 is out of range (0..65535)"},
-        BadFixture{"missing_upstream.yaml", "5:5: listeners[1].upstream: missing required key"},
+        BadFixture{"missing_upstream.yaml",
+                   "5:5: listeners[1]: missing `cluster` (or `upstream`, a one-backend cluster)"},
         BadFixture{"empty_listeners.yaml",
                    "3:12: listeners: empty; at least one listener is needed"},
         BadFixture{"duplicate_listen.yaml",
@@ -234,11 +237,10 @@ TEST(LoadConfig, StructureErrors) {
     EXPECT_EQ(errorOfYaml("listeners:\n  - 127.0.0.1:1\n"),
               "t.yaml:2:5: listeners[0]: expected a map, got a scalar");
     EXPECT_EQ(errorOfYaml("listeners:\n  - listen: 127.0.0.1:1\n"),
-              "t.yaml:2:5: listeners[0].upstream: missing required key");
+              "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster)");
     EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
               "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
-              "max_pipes, metrics, "
-              "listeners");
+              "max_pipes, max_connections, metrics, access_log, clusters, listeners");
     EXPECT_EQ(errorOfYaml(std::string("workers: 2\nworkers: 3\n") + kOneListener),
               "t.yaml:2:1: workers: key given twice");
     EXPECT_EQ(errorOfYaml("just text\n"),
@@ -259,7 +261,7 @@ TEST(LoadConfig, BadNameAndMode) {
               "t.yaml:4:11: listeners[0].name: \"" + std::string(65, 'x') +
                   "\" is not a valid name; use 1 to 64 of [A-Za-z0-9_.-]");
     EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
-              "t.yaml:4:11: listeners[0].mode: expected splice or copy, got a sequence");
+              "t.yaml:4:11: listeners[0].mode: expected one of: splice, copy, sockmap, got a sequence");
 }
 
 TEST(LoadConfig, UnquotedIPv6GetsAHint) {

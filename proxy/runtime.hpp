@@ -1,0 +1,127 @@
+#pragma once
+// One generation of the running configuration, as the workers use it: the Config, its clusters
+// with their backends, its listeners, and the shared state that outlives a reload.
+//
+// A Runtime is immutable once built and shared (shared_ptr) by every worker; SIGHUP builds the
+// next one and hands it to each worker, which keeps the old one alive for as long as one of its
+// connections still refers to it. What must survive a reload lives in objects the new Runtime
+// takes over from the old by name:
+//   ListenerShared  a listener's counters and live-connection count (by listener name)
+//   BackendState    a backend's health, load and counters (by cluster name + backend address)
+// so a reload that keeps a backend keeps its health state and its metrics continue.
+//
+// Counters are sharded per worker (Sharded<>): each shard has one writer, so an increment on
+// the data path is a relaxed load + store, never a locked instruction. The few values all
+// workers write (a backend's live connections, its failure streak, a listener's live count)
+// are atomics touched once per connection, not per I/O.
+#include <array>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "balance.hpp"
+#include "config.hpp"
+#include "metrics.hpp"
+
+namespace zcrelay {
+
+// One S per worker, each on its own cache lines so workers never share one.
+template <class S>
+class Sharded {
+  public:
+    explicit Sharded(unsigned shards) : shards_(std::make_unique<Slot[]>(shards)), n_(shards) {}
+    S& operator[](unsigned w) { return shards_[w].value; }
+    const S& operator[](unsigned w) const { return shards_[w].value; }
+    unsigned size() const { return n_; }
+    template <class F>
+    uint64_t sum(F get) const {
+        uint64_t total = 0;
+        for (unsigned w = 0; w < n_; ++w) total += get(shards_[w].value);
+        return total;
+    }
+
+  private:
+    struct alignas(64) Slot {
+        S value;
+    };
+    std::unique_ptr<Slot[]> shards_;
+    unsigned n_;
+};
+
+// Upper bounds (seconds) of the connect time histogram: 100 us to 5 s, the span from a
+// loopback backend to one behind a lossy link (peers-and-pitfalls.md 4.3).
+inline constexpr std::array<double, 15> kConnectBuckets = {
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+    0.05,   0.1,     0.25,   0.5,   1,     2.5,   5};
+
+struct BackendStats {
+    StatCounter attempts;     // connects started
+    StatCounter connections;  // connects that succeeded
+    std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
+    StatCounter bytes_upstream;
+    StatCounter bytes_downstream;
+    std::array<StatCounter, kConnectBuckets.size() + 1> connect_time;  // last: +Inf
+    StatCounter connect_time_us;                                      // the histogram's sum
+};
+
+struct BackendState {
+    explicit BackendState(unsigned workers) : stats(workers) {}
+    // Whether new connections may go here: health checks and passive ejection set it.
+    std::atomic<bool> up{true};
+    std::atomic<int32_t> active{0};             // live connections, all workers (least_conn)
+    std::atomic<uint32_t> failure_streak{0};    // connect failures in a row (passive ejection)
+    std::atomic<int64_t> ejected_until_ms{0};   // without checks: back up at this monotonic ms
+    // The health check's streaks (its worker alone writes them, relaxed).
+    std::atomic<uint32_t> check_passes{0};
+    std::atomic<uint32_t> check_fails{0};
+    std::atomic<uint64_t> checks_passed{0};
+    std::atomic<uint64_t> checks_failed{0};
+    std::atomic<uint64_t> went_up{0};
+    std::atomic<uint64_t> went_down{0};
+    Sharded<BackendStats> stats;
+};
+
+struct ListenerShared {
+    explicit ListenerShared(unsigned workers) : stats(workers) {}
+    Sharded<ListenerStats> stats;
+    std::atomic<uint32_t> live{0};  // connections of this listener now, all workers
+    // Live connections per client address, for max_connections_per_source. Touched once per
+    // connection, and only when that limit is set.
+    std::mutex sources_mutex;
+    std::unordered_map<std::string, uint32_t> sources;
+};
+
+struct BackendRt {
+    BackendConfig config;
+    std::string key;  // the address text: the metric label, the source_hash ring position
+    std::shared_ptr<BackendState> state;
+};
+
+struct ClusterRt {
+    ClusterConfig config;
+    std::vector<BackendRt> backends;
+    std::vector<BackendSpec> specs;  // for each worker's Balancer
+};
+
+struct ListenerRt {
+    ListenerConfig config;
+    uint32_t cluster = 0;  // index into Runtime::clusters
+    std::shared_ptr<ListenerShared> shared;
+};
+
+struct Runtime {
+    Config config;
+    std::vector<ClusterRt> clusters;
+    std::vector<ListenerRt> listeners;
+    uint64_t generation = 0;
+
+    // Takes over the shared state of `previous` (may be null) for every listener and backend
+    // that is still there.
+    static std::shared_ptr<const Runtime> build(Config config, const Runtime* previous,
+                                                unsigned workers);
+};
+
+}  // namespace zcrelay
