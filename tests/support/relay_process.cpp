@@ -317,7 +317,10 @@ std::string RelayConfig::yaml() const {
     for (const auto& l : listeners) {
         os << "  - name: " << l.name << "\n";
         os << "    listen: \"" << l.listen << "\"\n";
-        os << "    upstream: \"" << l.upstream << "\"\n";
+        if (l.cluster.empty())
+            os << "    upstream: \"" << l.upstream << "\"\n";
+        else
+            os << "    cluster: " << l.cluster << "\n";
         os << "    mode: " << l.mode << "\n";
         os << "    pipe_size: " << l.pipe_size << "\n";
         os << "    connect_timeout: " << l.connect_timeout << "\n";
@@ -572,9 +575,76 @@ void RelayProcess::drainStdout() {
     }
 }
 
+::testing::AssertionResult RelayProcess::reload(const std::string& yaml, bool expect_success) {
+    auto count = [&](const char* result) {
+        return metric(metric::kConfigReloadsTotal, {{"result", result}}).value_or(-1);
+    };
+    double ok = count("success"), failed = count("failure");
+    if (ok < 0 || failed < 0)
+        return ::testing::AssertionFailure() << "no zcrelay_config_reloads_total before reload";
+    dir_.writeFile("zcrelay.yaml", yaml);
+    if (!sendSignal(SIGHUP)) return ::testing::AssertionFailure() << "SIGHUP failed";
+    bool done = waitUntil([&] { return count("success") > ok || count("failure") > failed; },
+                          kMetricTimeout);
+    if (!done) return ::testing::AssertionFailure() << "reload not counted\n" << diagnostics();
+    bool succeeded = count("success") > ok;
+    if (succeeded) {
+        // The listener lines of this reload end at its "zcrelay: reloaded" line.
+        std::string text;
+        const std::string marker = "zcrelay: reloaded\n";
+        bool printed = waitUntil(
+            [&] {
+                text = stdoutText();
+                size_t n = 0;
+                for (size_t at = text.find(marker); at != std::string::npos;
+                     at = text.find(marker, at + 1))
+                    ++n;
+                return n >= static_cast<size_t>(ok) + 1;
+            },
+            kMetricTimeout);
+        if (!printed) return ::testing::AssertionFailure() << "no reloaded line\n" << diagnostics();
+        size_t end = text.rfind(marker);
+        size_t prev = end == 0 ? std::string::npos : text.rfind(marker, end - 1);
+        size_t ready = text.find("zcrelay: ready\n");
+        size_t begin = prev != std::string::npos ? prev + marker.size()
+                                                 : (ready != std::string::npos ? ready : 0);
+        std::string error;
+        listeners_.clear();
+        if (!parseListenerLines(text.substr(begin, end - begin), error))
+            return ::testing::AssertionFailure() << error << "\n" << diagnostics();
+    }
+    if (succeeded != expect_success) {
+        return ::testing::AssertionFailure()
+               << "reload " << (succeeded ? "succeeded" : "was refused") << "\n"
+               << diagnostics();
+    }
+    return ::testing::AssertionSuccess();
+}
+
+bool RelayProcess::parseListenerLines(const std::string& text, std::string& error) {
+    static const std::regex kListenerLine(
+        R"(^zcrelay: listener (\S+) listening on (\S+) -> (.+) \(mode (\w+)\)$)");
+    std::istringstream in(text);
+    std::string line;
+    while (std::getline(in, line)) {
+        std::smatch m;
+        if (!std::regex_match(line, m, kListenerLine)) continue;
+        ListenerInfo info;
+        info.name = m[1];
+        info.upstream = m[3];
+        info.mode = m[4];
+        if (!splitHostPort(m[2], info.host, info.port)) {
+            error = "cannot parse the listen address in: " + line;
+            return false;
+        }
+        listeners_.push_back(info);
+    }
+    return true;
+}
+
 bool RelayProcess::parseReadyOutput(std::string& error) {
     static const std::regex kListenerLine(
-        R"(^zcrelay: listener (\S+) listening on (\S+) -> (\S+) \(mode (\w+)\)$)");
+        R"(^zcrelay: listener (\S+) listening on (\S+) -> (.+) \(mode (\w+)\)$)");
     static const std::regex kMetricsLine(R"(^zcrelay: metrics on http://(\S+)/metrics$)");
     std::string text = stdoutText();
     std::istringstream in(text);

@@ -146,6 +146,7 @@ struct ListenerSpec {
     std::string name = "t";
     std::string listen = "127.0.0.1:0";
     std::string upstream;
+    std::string cluster;  // set: the listener routes to this cluster, `upstream` is left out
     std::string mode = "splice";
     std::string pipe_size = "1MiB";
     std::string connect_timeout = "5s";
@@ -158,7 +159,7 @@ struct RelayConfig {
     std::string drain_timeout = "30s";
     std::string metrics_listen = "127.0.0.1:0";
     std::vector<ListenerSpec> listeners;
-    std::string extra_yaml;  // more top-level keys
+    std::string extra_yaml;  // more top-level keys (clusters: ..., access_log: ...)
     std::string yaml() const;
 };
 
@@ -199,6 +200,17 @@ inline constexpr const char* kAcceptPausedTotal = "zcrelay_accept_paused_total";
 inline constexpr const char* kDatapathInfo = "zcrelay_datapath_info";  // {listener, mode} = 1
 inline constexpr const char* kSockmapFallbacksTotal = "zcrelay_sockmap_fallbacks_total";
 inline constexpr const char* kSockmapSockets = "zcrelay_sockmap_sockets";
+inline constexpr const char* kConfigReloadsTotal = "zcrelay_config_reloads_total";  // {result}
+inline constexpr const char* kBackendUp = "zcrelay_backend_up";  // {cluster, backend}
+inline constexpr const char* kBackendConnectionsTotal = "zcrelay_backend_connections_total";
+inline constexpr const char* kBackendConnectionsActive = "zcrelay_backend_connections_active";
+inline constexpr const char* kBackendAttemptsTotal = "zcrelay_backend_connect_attempts_total";
+inline constexpr const char* kBackendFailuresTotal = "zcrelay_backend_connect_failures_total";
+inline constexpr const char* kBackendBytesTotal = "zcrelay_backend_bytes_total";
+inline constexpr const char* kBackendChecksTotal = "zcrelay_backend_health_checks_total";
+inline constexpr const char* kBackendTransitionsTotal = "zcrelay_backend_transitions_total";
+inline constexpr const char* kBackendConnectSeconds = "zcrelay_backend_connect_duration_seconds";
+inline constexpr const char* kProxyErrorsTotal = "zcrelay_proxy_protocol_errors_total";
 
 inline constexpr const char* kClosedReasons[] = {
     "done", "client_reset", "upstream_reset", "connect_failed", "idle_timeout", "drain", "error"};
@@ -218,6 +230,9 @@ inline Labels reason(const std::string& why, const std::string& name = "t") {
 }
 inline Labels datapath(const std::string& mode, const std::string& name = "t") {
     return {{"listener", name}, {"mode", mode}};
+}
+inline Labels backend(const std::string& cluster, const std::string& address) {
+    return {{"cluster", cluster}, {"backend", address}};
 }
 }  // namespace metric
 
@@ -240,6 +255,11 @@ class RelayProcess {
 
     // Writes the config, spawns `zcrelay -c FILE`, waits for "zcrelay: ready".
     ::testing::AssertionResult start(const RelayConfig& config);
+    // Rewrites the config file with `yaml`, sends SIGHUP and waits until the relay counts the
+    // reload (zcrelay_config_reloads_total{result="success"|"failure"} one up). A success
+    // (expected or not) re-reads the listeners from the lines printed before "zcrelay:
+    // reloaded". Fails if the outcome is not `expect_success`.
+    ::testing::AssertionResult reload(const std::string& yaml, bool expect_success = true);
     // The next start() runs the relay with at most `limit` open files.
     void setNofileLimit(rlim_t limit) { nofile_limit_ = limit; }
     // The next start() runs `prefix... ZCRELAY_BINARY ARGS...`: prefix[0] (a full path, see
@@ -294,6 +314,8 @@ class RelayProcess {
     ::testing::AssertionResult launch(const std::vector<std::string>& args);
     void drainStdout();
     bool parseReadyOutput(std::string& error);
+    // The listener lines of `text`, a block of stdout.
+    bool parseListenerLines(const std::string& text, std::string& error);
 
     TempDir dir_;
     std::optional<rlim_t> nofile_limit_;
