@@ -1,1 +1,449 @@
+// Clusters of backends over real loopback sockets: how each balance algorithm spreads clients,
+// health checks taking a backend down and up, passive ejection and retries, unix-socket
+// backends, the source address. Each backend tags its connections with one byte, so a client
+// knows which backend serves it; the relay's per-backend metrics are the other oracle.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+
+namespace zcrelay::test {
+namespace {
+
+// A backend that says who it is: every connection it accepts first gets its one-byte tag, then
+// whatever the client sends is echoed until EOF. It records the address each client came from
+// and can stop listening and listen again on the same port (or unix path).
+class TaggedBackend {
+  public:
+    explicit TaggedBackend(char tag, std::string unix_path = "") : tag_(tag), path_(unix_path) {
+        listenAgain();
+    }
+    ~TaggedBackend() {
+        stop_ = true;
+        stopListening();
+        std::lock_guard lock(mu_);
+        for (auto& t : threads_) t.join();
+    }
+
+    char tag() const { return tag_; }
+    uint16_t port() const { return port_; }
+    std::string address() const {
+        return path_.empty() ? "127.0.0.1:" + std::to_string(port_) : "unix:" + path_;
+    }
+    size_t accepted() const { return accepted_.load(); }
+    std::vector<std::string> peers() const {
+        std::lock_guard lock(mu_);
+        return peers_;
+    }
+
+    void stopListening() {
+        listening_ = false;
+        if (acceptor_.joinable()) acceptor_.join();
+        listen_fd_.reset();
+    }
+
+    bool listenAgain() {
+        int family = path_.empty() ? AF_INET : AF_UNIX;
+        Fd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        int one = 1;
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        sockaddr_storage ss{};
+        socklen_t len;
+        if (path_.empty()) {
+            auto& sin = reinterpret_cast<sockaddr_in&>(ss);
+            sin.sin_family = AF_INET;
+            sin.sin_port = htons(port_);
+            sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            len = sizeof sin;
+        } else {
+            ::unlink(path_.c_str());
+            auto& sun = reinterpret_cast<sockaddr_un&>(ss);
+            sun.sun_family = AF_UNIX;
+            std::strncpy(sun.sun_path, path_.c_str(), sizeof sun.sun_path - 1);
+            len = sizeof sun;
+        }
+        if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0 ||
+            ::listen(fd.get(), 128) != 0)
+            return false;
+        if (path_.empty()) {
+            len = sizeof ss;
+            ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+            port_ = ntohs(reinterpret_cast<sockaddr_in&>(ss).sin_port);
+        }
+        listen_fd_ = std::move(fd);
+        listening_ = true;
+        acceptor_ = std::thread([this] { acceptLoop(); });
+        return true;
+    }
+
+  private:
+    void acceptLoop() {
+        while (listening_ && !stop_) {
+            pollfd p{listen_fd_.get(), POLLIN, 0};
+            if (::poll(&p, 1, 20) <= 0) continue;
+            sockaddr_storage ss{};
+            socklen_t len = sizeof ss;
+            int c = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
+                              SOCK_CLOEXEC);
+            if (c < 0) continue;
+            char host[INET6_ADDRSTRLEN] = "unix";
+            if (ss.ss_family == AF_INET)
+                ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in&>(ss).sin_addr, host,
+                            sizeof host);
+            ++accepted_;
+            std::lock_guard lock(mu_);
+            peers_.push_back(host);
+            threads_.emplace_back([this, c] { serve(Fd(c)); });
+        }
+    }
+
+    void serve(Fd fd) {
+        if (::send(fd.get(), &tag_, 1, MSG_NOSIGNAL) != 1) return;
+        char buf[65536];
+        // Bounded: the test's clients close within their own deadlines; stop_ ends it anyway.
+        for (int idle_ms = 0; !stop_ && idle_ms < 60'000;) {
+            pollfd p{fd.get(), POLLIN, 0};
+            if (::poll(&p, 1, 20) <= 0) {
+                idle_ms += 20;
+                continue;
+            }
+            ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+            if (n <= 0) return;
+            if (writeAll(fd.get(), buf, static_cast<size_t>(n), Millis{10'000}).status !=
+                IoStatus::Ok)
+                return;
+        }
+    }
+
+    char tag_;
+    std::string path_;
+    uint16_t port_ = 0;
+    Fd listen_fd_;
+    std::atomic<bool> listening_{false};
+    std::atomic<bool> stop_{false};
+    std::thread acceptor_;
+    std::atomic<size_t> accepted_{0};
+    mutable std::mutex mu_;
+    std::vector<std::thread> threads_;
+    std::vector<std::string> peers_;
+};
+
+// A client connection from `source` (an address in 127.0.0.0/8) to the relay.
+Fd connectFrom(const std::string& source, uint16_t port) {
+    Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, source.c_str(), &src.sin_addr);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&src), sizeof src) != 0) return Fd();
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons(port);
+    dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{5, 0};
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&dst), sizeof dst) != 0) return Fd();
+    return fd;
+}
+
+// The tag of the backend serving `fd`, or 0 if none answered within the timeout (the relay
+// closed the client, or no backend took it).
+char servedBy(const Fd& fd, Millis timeout = Millis{5'000}) {
+    char tag = 0;
+    IoResult r = readExactly(fd.get(), &tag, 1, timeout);
+    return r.status == IoStatus::Ok ? tag : 0;
+}
+
+struct BackendLine {
+    std::string address;
+    int weight = 1;
+};
+
+std::string clusterYaml(const std::string& name, const std::string& settings,
+                        const std::vector<BackendLine>& backends) {
+    std::string y = "clusters:\n  - name: " + name + "\n";
+    y += settings;
+    y += "    backends:\n";
+    for (const auto& b : backends)
+        y += "      - {address: \"" + b.address + "\", weight: " + std::to_string(b.weight) + "}\n";
+    return y;
+}
+
+class ClusterTest : public ::testing::Test {
+  protected:
+    // One listener "t" (splice unless `mode`) routed to cluster "app".
+    void start(const std::string& clusters_yaml, int workers = 1,
+               const std::string& mode = "splice") {
+        RelayConfig config;
+        config.workers = workers;
+        ListenerSpec l;
+        l.cluster = "app";
+        l.mode = mode;
+        config.listeners.push_back(l);
+        config.extra_yaml = clusters_yaml;
+        ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
+    }
+    Fd client() {
+        Connected c = connectTo("127.0.0.1", relay_.port());
+        EXPECT_TRUE(c.fd) << c.error;
+        return std::move(c.fd);
+    }
+    double backendMetric(const char* name, const TaggedBackend& b) {
+        return relay_.metric(name, metric::backend("app", b.address())).value_or(-1);
+    }
+
+    RelayProcess relay_;
+};
+
+TEST_F(ClusterTest, RoundRobinFollowsWeightsSmoothly) {
+    TaggedBackend a('a'), b('b'), c('c');
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", "    balance: round_robin\n",
+                                              {{a.address(), 3}, {b.address(), 2}, {c.address(), 1}})));
+    // One worker: its smooth weighted round robin is the whole story, so the sequence is exact:
+    // 3:2:1 interleaved (a b a c b a), never a burst of three a's.
+    std::string sequence;
+    for (int i = 0; i < 60; ++i) {
+        Fd fd = client();
+        sequence += servedBy(fd);
+    }
+    EXPECT_EQ(std::count(sequence.begin(), sequence.end(), 'a'), 30) << sequence;
+    EXPECT_EQ(std::count(sequence.begin(), sequence.end(), 'b'), 20) << sequence;
+    EXPECT_EQ(std::count(sequence.begin(), sequence.end(), 'c'), 10) << sequence;
+    EXPECT_EQ(sequence.find("aaa"), std::string::npos) << "not smooth: " << sequence;
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendConnectionsTotal,
+                                     metric::backend("app", a.address()), 30));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendConnectionsTotal,
+                                     metric::backend("app", c.address()), 10));
+}
+
+TEST_F(ClusterTest, LeastConnFillsTheBackendThatLostItsLongConnections) {
+    TaggedBackend a('a'), b('b');
+    ASSERT_NO_FATAL_FAILURE(
+        start(clusterYaml("app", "    balance: least_conn\n", {{a.address()}, {b.address()}})));
+    std::map<char, std::vector<Fd>> held;
+    for (int i = 0; i < 4; ++i) {
+        Fd fd = client();
+        char tag = servedBy(fd);
+        held[tag].push_back(std::move(fd));
+    }
+    ASSERT_EQ(held['a'].size(), 2u);
+    ASSERT_EQ(held['b'].size(), 2u);
+    held['a'].clear();  // a's connections end; b's live on
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendConnectionsActive,
+                                     metric::backend("app", a.address()), 0));
+    // Round robin would split the next two; least_conn sends both to the idle backend.
+    for (int i = 0; i < 2; ++i) {
+        Fd fd = client();
+        EXPECT_EQ(servedBy(fd), 'a');
+        held['a'].push_back(std::move(fd));
+    }
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendConnectionsActive,
+                                     metric::backend("app", b.address()), 2));
+}
+
+TEST_F(ClusterTest, RandomSpreadsOverEveryBackend) {
+    TaggedBackend a('a'), b('b'), c('c');
+    ASSERT_NO_FATAL_FAILURE(start(
+        clusterYaml("app", "    balance: random\n", {{a.address()}, {b.address()}, {c.address()}}),
+        2));
+    std::map<char, int> count;
+    for (int i = 0; i < 90; ++i) {
+        Fd fd = client();
+        ++count[servedBy(fd)];
+    }
+    // Each expects 30; the chance of fewer than 10 for one is below 1e-5.
+    for (char t : {'a', 'b', 'c'}) EXPECT_GE(count[t], 10) << t;
+    EXPECT_EQ(count[0], 0) << "every client was served";
+}
+
+// source_hash: clients from 200 addresses of 127.0.0.0/8. Adding a fifth backend (a reload)
+// moves about a fifth of them, all to the new one; removing it again brings every one back.
+TEST_F(ClusterTest, SourceHashMovesOnlyTheAddedBackendsShare) {
+    TaggedBackend a('a'), b('b'), c('c'), d('d'), e('e');
+    const std::string settings = "    balance: source_hash\n";
+    std::vector<BackendLine> four = {{a.address()}, {b.address()}, {c.address()}, {d.address()}};
+    std::vector<BackendLine> five = four;
+    five.push_back({e.address()});
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", settings, four), 2));
+    auto placement = [&] {
+        std::map<std::string, char> where;
+        for (int i = 1; i <= 200; ++i) {
+            std::string source = "127.0." + std::to_string(i / 100 + 1) + "." + std::to_string(i % 100 + 1);
+            Fd fd = connectFrom(source, relay_.port());
+            where[source] = fd ? servedBy(fd) : 0;
+        }
+        return where;
+    };
+    auto before = placement();
+    EXPECT_EQ(placement(), before) << "the same client must land on the same backend";
+    auto configWith = [&](const std::vector<BackendLine>& backends) {
+        RelayConfig config;
+        config.workers = 2;
+        ListenerSpec l;
+        l.cluster = "app";
+        config.listeners.push_back(l);
+        config.extra_yaml = clusterYaml("app", settings, backends);
+        // The listener keeps its socket across the reload: same address, same port.
+        config.listeners[0].listen = "127.0.0.1:" + std::to_string(relay_.port());
+        return config.yaml();
+    };
+    ASSERT_TRUE(relay_.reload(configWith(five)));
+    auto after = placement();
+    int moved = 0;
+    for (const auto& [source, tag] : before) {
+        if (after[source] == tag) continue;
+        ++moved;
+        EXPECT_EQ(after[source], 'e') << source << " moved from " << tag << " to a kept backend";
+    }
+    double share = moved / 200.0;
+    std::printf("source_hash: adding a 5th backend moved %d of 200 clients (%.3f; ideal 0.2)\n",
+                moved, share);
+    RecordProperty("moved_share_on_add", std::to_string(share));
+    EXPECT_GT(share, 0.08);
+    EXPECT_LT(share, 0.35);
+    ASSERT_TRUE(relay_.reload(configWith(four)));
+    EXPECT_EQ(placement(), before) << "removing the 5th must bring every client back";
+}
+
+TEST_F(ClusterTest, HealthChecksTakeABackendDownAndBringItBack) {
+    TaggedBackend a('a'), b('b');
+    ASSERT_NO_FATAL_FAILURE(start(
+        clusterYaml("app",
+                    "    health_check: {interval: 100ms, timeout: 200ms, rise: 2, fall: 2}\n",
+                    {{a.address()}, {b.address()}})));
+    const Labels lb = metric::backend("app", b.address());
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendChecksTotal,
+                                     [&] { auto l = lb; l["result"] = "passed"; return l; }(),
+                                     [](double v) { return v >= 2; }, ">= 2"));
+    EXPECT_EQ(relay_.metric(metric::kBackendUp, lb), 1.0);
+
+    b.stopListening();  // its checks are refused from now on
+    auto t0 = Clock::now();
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 0));
+    double down_after = secondsSince(t0);
+    // fall 2 at 100 ms: two failed checks, ~0.1-0.3 s; generous for a loaded machine.
+    EXPECT_LT(down_after, 3.0);
+    std::printf("health check: down %.3f s after the backend stopped (fall 2, interval 100ms)\n",
+                down_after);
+    for (int i = 0; i < 6; ++i) {
+        Fd fd = client();
+        EXPECT_EQ(servedBy(fd), 'a') << "a down backend takes no clients";
+    }
+    EXPECT_EQ(relay_.metric(metric::kBackendTransitionsTotal,
+                            [&] { auto l = lb; l["to"] = "down"; return l; }()),
+              1.0);
+
+    ASSERT_TRUE(b.listenAgain());
+    t0 = Clock::now();
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 1));
+    EXPECT_LT(secondsSince(t0), 3.0);
+    std::set<char> seen;
+    for (int i = 0; i < 6; ++i) {
+        Fd fd = client();
+        seen.insert(servedBy(fd));
+    }
+    EXPECT_TRUE(seen.count('b')) << "back up, it takes clients again";
+}
+
+TEST_F(ClusterTest, HealthCheckSendsAndExpectsAReplyPrefix) {
+    // The tagged backends answer every connection with their tag byte: expecting "a" passes
+    // for a, fails for b.
+    TaggedBackend a('a'), b('b');
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
+        "app",
+        "    health_check: {interval: 100ms, timeout: 300ms, rise: 1, fall: 1, send: \"ping\\r\\n\", "
+        "expect: \"a\"}\n",
+        {{a.address()}, {b.address()}})));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendUp, metric::backend("app", b.address()), 0));
+    EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", a.address())), 1.0);
+}
+
+TEST_F(ClusterTest, NoBackendUpClosesClientsAtOnceAndCountsThem) {
+    TaggedBackend a('a');
+    a.stopListening();
+    Bound b = bindLoopbackNoListen(AF_INET);
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
+        "app", "    health_check: {interval: 100ms, timeout: 200ms, rise: 1, fall: 1}\n",
+        {{a.address()}, {"127.0.0.1:" + std::to_string(b.port)}})));
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, metric::backend("app", a.address()), 0));
+    ASSERT_TRUE(relay_.waitForMetric(
+        metric::kBackendUp, metric::backend("app", "127.0.0.1:" + std::to_string(b.port)), 0));
+    auto t0 = Clock::now();
+    Fd fd = client();
+    IoResult end = waitForPeerClose(fd.get(), Millis{5'000});
+    EXPECT_TRUE(end.status == IoStatus::Eof || end.status == IoStatus::Reset) << end.describe();
+    EXPECT_LT(secondsSince(t0), 1.0) << "closed at once, not after a connect timeout";
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("no_backend"), 1));
+}
+
+// Passive ejection and retries: b refuses every connect. Each client still gets a (a retry,
+// within the one connect budget); after max_fails refusals b is down and no longer tried, until
+// fail_timeout brings it back.
+TEST_F(ClusterTest, ConnectFailuresRetryElsewhereAndEjectTheBackend) {
+    TaggedBackend a('a');
+    Bound refusing = bindLoopbackNoListen(AF_INET);
+    std::string b = "127.0.0.1:" + std::to_string(refusing.port);
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
+        "app", "    retries: 1\n    max_fails: 2\n    fail_timeout: 1s\n", {{a.address()}, {b}})));
+    for (int i = 0; i < 10; ++i) {
+        Fd fd = client();
+        EXPECT_EQ(servedBy(fd), 'a') << "client " << i << " must be served by a retry";
+    }
+    EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", b)), 0.0);
+    double attempts = relay_.metric(metric::kBackendAttemptsTotal, metric::backend("app", b)).value_or(-1);
+    EXPECT_EQ(attempts, 2.0) << "ejected after max_fails: 2, then never tried";
+    EXPECT_EQ(relay_.metric(metric::kBackendFailuresTotal,
+                            {{"cluster", "app"}, {"backend", b}, {"reason", "refused"}}),
+              2.0);
+    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("connect_failed")), 0.0);
+    // fail_timeout 1s: b is tried again (and ejected again).
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendTransitionsTotal,
+                                     {{"cluster", "app"}, {"backend", b}, {"to", "up"}}, 1,
+                                     Millis{5'000}));
+}
+
+class UnixBackendTest : public ClusterTest, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(UnixBackendTest, RelaysToAUnixSocketByteExact) {
+    TempDir dir;
+    TaggedBackend u('u', dir.file("backend.sock"));
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", "", {{u.address()}}), 1, GetParam()));
+    Fd fd = client();
+    ASSERT_EQ(servedBy(fd), 'u');
+    ReceiveCheck echoed = echoRoundTrip(fd.get(), 7, 4 << 20, Millis{30'000});
+    EXPECT_EQ(echoed.io.status, IoStatus::Eof) << echoed.describe();
+    EXPECT_EQ(echoed.bytes, uint64_t{4} << 20) << echoed.describe();
+    EXPECT_EQ(echoed.first_mismatch, -1) << echoed.describe();
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendBytesTotal,
+                                     {{"cluster", "app"}, {"backend", u.address()}, {"direction", "upstream"}},
+                                     4 << 20));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UnixBackendTest, ::testing::Values("splice", "copy", "sockmap"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST_F(ClusterTest, SourceAddressBindsUpstreamSockets) {
+    TaggedBackend a('a');
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", "    source: 127.0.0.7:0\n", {{a.address()}})));
+    for (int i = 0; i < 3; ++i) {
+        Fd fd = client();
+        EXPECT_EQ(servedBy(fd), 'a');
+    }
+    for (const std::string& peer : a.peers()) EXPECT_EQ(peer, "127.0.0.7");
+}
+
+}  // namespace
+}  // namespace zcrelay::test
