@@ -3,11 +3,13 @@
 //
 // Lifecycle (Conn::state):
 //
-//   Free ─accept─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying ─both Finished─▶ Closing ─▶ Free
+//   Free ─accept─▶ [Queued] ─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying ─both Finished─▶ Closing ─▶ Free
 //                        │               │  ▲ retry              │                         ▲
 //                        │               └──┘ (another backend)  │                         │
 //                        └─bad/slow header──┴─no backend, all connects failed──┴─reset, error, idle, drain─┘
 //
+//   Queued      accepted while the listener or the process was at max_connections (accepts
+//               armed before the limit was reached): held, unserved, until a connection ends.
 //   ReadingProxy  accept_proxy: the client's PROXY header is awaited (SO_RCVLOWAT makes the
 //               kernel wake us only once the bytes the parser needs are there), bounded by
 //               proxy_timeout.
@@ -43,7 +45,7 @@
 
 namespace zcrelay {
 
-enum class ConnState : uint8_t { Free, ReadingProxy, Connecting, Relaying, Closing };
+enum class ConnState : uint8_t { Free, Queued, ReadingProxy, Connecting, Relaying, Closing };
 
 // Sockmap: the kernel redirects src's bytes to dst (pump/sockmap_pump.hpp); user space only
 // watches for the FIN and propagates it.
@@ -106,6 +108,7 @@ struct Conn {
     ConnState state = ConnState::Free;
     uint8_t listener = 0;             // index into gen->rt->listeners
     bool counted_active = false;      // accepted and counted, not yet counted as closed
+    bool counted_live = false;        // counted against max_connections (admitted)
     bool counted_source = false;      // counted against max_connections_per_source
     bool have_client = false;         // client holds the peer's address (accepted or PROXY)
     bool have_local = false;          // local holds the address the client reached

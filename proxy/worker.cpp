@@ -179,6 +179,7 @@ Result<void> Worker::setUp() {
     starved_.reserve(4096);
     starved_retry_.reserve(4096);
     fd_waiters_.reserve(1024);
+    admit_queue_.reserve(1024);
     scratch_.resize(64 * 1024);
     now_ms_ = monotonicMs();
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
@@ -287,21 +288,67 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
 
 // ---- listening and commands ----------------------------------------------------------------
 
+namespace {
+
+// One more on `live` unless that would pass `max` (0 = no limit); true if taken.
+bool takeOne(std::atomic<uint32_t>& live, uint64_t max) {
+    uint32_t n = live.load(std::memory_order_relaxed);
+    do {
+        if (max > 0 && n >= max) return false;
+    } while (!live.compare_exchange_weak(n, n + 1, std::memory_order_relaxed));
+    return true;
+}
+
+}  // namespace
+
+// max_connections, of the listener and of the process, shared by every worker. Two gates:
+//   belowLimits  stops arming accepts at the limit, so clients wait in the kernel's accept
+//                queue (backpressure, as HAProxy's maxconn) instead of being accepted and
+//                closed;
+//   admit        counts a connection in, exactly. Accepts armed before the limit was reached
+//                (at most kAcceptBatch per worker) can still complete: those connections wait,
+//                accepted but not served, in admit_queue_ until a connection ends.
 bool Worker::belowLimits(const ListenerState& l) const {
-    // max_connections, of the listener and of the process, shared by every worker: at the
-    // limit the listener pauses, and clients wait in the kernel's accept queue (backpressure,
-    // as HAProxy's maxconn) instead of being accepted and closed. A worker's own armed accepts
-    // count too, so a burst overshoots by at most kAcceptBatch per worker.
     const Runtime& r = rt();
     const ListenerRt& lr = r.listeners[l.rt_index];
-    uint32_t armed = l.armed;
     if (lr.config.max_connections > 0 &&
-        lr.shared->live.load(std::memory_order_relaxed) + armed >= lr.config.max_connections)
+        lr.shared->live.load(std::memory_order_relaxed) >= lr.config.max_connections)
         return false;
     if (r.config.max_connections > 0 &&
-        process_.live.load(std::memory_order_relaxed) + accepts_armed_ >= r.config.max_connections)
+        process_.live.load(std::memory_order_relaxed) >= r.config.max_connections)
         return false;
     return true;
+}
+
+bool Worker::admit(Conn& c) {
+    const ListenerRt& lr = c.gen->rt->listeners[c.listener];
+    if (!takeOne(lr.shared->live, lr.config.max_connections)) return false;
+    if (!takeOne(process_.live, c.gen->rt->config.max_connections)) {
+        lr.shared->live.fetch_sub(1, std::memory_order_relaxed);
+        return false;
+    }
+    c.counted_live = true;
+    return true;
+}
+
+void Worker::serve(Conn& c, uint32_t slot) {
+    // With accept_proxy the client is the one the header names: its limit waits for that.
+    if (lc(c).accept_proxy)
+        startProxyRead(c, slot);
+    else if (admitSource(c, slot))
+        startConnect(c, slot);
+}
+
+void Worker::admitQueued() {
+    while (!admit_queue_.empty()) {
+        UserData ud = UserData::unpack(admit_queue_.front());
+        Conn& c = conn(ud.slot);
+        if (c.generation == ud.generation && c.state == ConnState::Queued) {
+            if (!admit(c)) return;  // still at the limit: the oldest stays first
+            serve(c, ud.slot);
+        }
+        admit_queue_.erase(admit_queue_.begin());
+    }
 }
 
 void Worker::armAccept(uint32_t li) {
@@ -349,15 +396,15 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
             c->accepted_mono_us = monotonicUs();
             c->last_active_ms = now_ms_;
             lr.shared->stats[id_].accepted.add();
-            lr.shared->live.fetch_add(1, std::memory_order_relaxed);
-            process_.live.fetch_add(1, std::memory_order_relaxed);
             stats_.accepted.add();
             applyTcpOptions(res, lr.config, lr.config.tcp_keepalive);
-            // With accept_proxy the client is the one the header names: limits wait for it.
-            if (lr.config.accept_proxy)
-                startProxyRead(*c, slot);
-            else if (admitSource(*c, slot))
-                startConnect(*c, slot);
+            if (admit_queue_.empty() && admit(*c)) {
+                serve(*c, slot);
+            } else {
+                c->state = ConnState::Queued;
+                admit_queue_.push_back(UserData{Op::Accept, 0, slot, c->generation}.pack());
+                limit_paused_ = true;
+            }
             // This worker's share of the fd budget is spent: stop accepting (backpressure:
             // clients wait in the kernel's queue) rather than run into EMFILE.
             if (live_ >= max_conns_) pauseAccepting();
@@ -410,7 +457,8 @@ void Worker::resumeAccepting() {
     if (!spare_fd_) spare_fd_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!spare_fd_) return;  // still out of fds: try again next tick
     accept_paused_ = false;
-    limit_paused_ = false;  // armAccept sets it again where a limit still holds
+    limit_paused_ = !admit_queue_.empty();  // armAccept sets it again where a limit holds
+    admitQueued();
     for (uint32_t i = 0; i < listeners_.size(); ++i) {
         listeners_[i].paused = false;
         armAccept(i);
@@ -429,6 +477,15 @@ void Worker::onWake() {
         draining_ = true;
         drain_deadline_ms_ = now_ms_ + rt().config.drain_timeout.count();
         closeListeners();
+        // Connections held at max_connections were never served: they go now, as the kernel's
+        // accept queue does with the listeners.
+        for (uint64_t packed : admit_queue_) {
+            UserData ud = UserData::unpack(packed);
+            Conn& c = conn(ud.slot);
+            if (c.generation == ud.generation && c.state == ConnState::Queued)
+                closeConn(c, ud.slot, CloseReason::Drain);
+        }
+        admit_queue_.clear();
         LOG_INFO("draining %u connections (deadline %lld ms)", live_,
                  static_cast<long long>(rt().config.drain_timeout.count()));
     }
@@ -1171,11 +1228,14 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.counted_active) {
         lstats(c).closed[idx(reason)].add();
         c.counted_active = false;
+        if (process_.access_log != nullptr) logConnection(c, reason);
+    }
+    if (c.counted_live) {
+        c.counted_live = false;
         c.gen->rt->listeners[c.listener].shared->live.fetch_sub(1, std::memory_order_relaxed);
         process_.live.fetch_sub(1, std::memory_order_relaxed);
         // A listener held at max_connections (by any worker) may take one more now.
         if (limit_paused_) resume_pending_ = true;
-        if (process_.access_log != nullptr) logConnection(c, reason);
     }
     if (c.connect_us >= 0)
         cluster(c).backends[c.backend].state->active.fetch_sub(1, std::memory_order_relaxed);

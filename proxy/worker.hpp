@@ -98,6 +98,11 @@ class Worker {
     const Runtime& rt() const { return *generations_.back()->rt; }
     // Whether listener li may take one more connection (max_connections, listener and global).
     bool belowLimits(const ListenerState& l) const;
+    // Counts c in against max_connections (listener and process); false at a limit.
+    bool admit(Conn& c);
+    // An admitted connection's next step: its PROXY header, or its backend.
+    void serve(Conn& c, uint32_t slot);
+    void admitQueued();
     void applyReload();
     void closeListener(ListenerState& l);
     void armAccept(uint32_t li);
@@ -255,6 +260,7 @@ class Worker {
     std::vector<Check> retired_checks_;
     uint32_t checks_generation_ = 0;  // bumped on every setUpChecks: older CQEs are dropped
     std::vector<uint8_t> scratch_;        // PROXY headers are peeked into this
+    std::vector<uint64_t> admit_queue_;   // accepted past max_connections, oldest first
     std::vector<uint64_t> fd_waiters_;  // accepted clients waiting for an fd for their upstream
     std::vector<uint64_t> starved_;     // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
