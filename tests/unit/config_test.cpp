@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -299,6 +300,132 @@ TEST(ApplyFlag, ChecksLikeTheYamlKeyAndNamesTheFlag) {
     applyFlag(c, "metrics.listen", "[::1]:9000", "--metrics");
     EXPECT_TRUE(c.metrics.enabled);
     EXPECT_EQ(c.metrics.listen, addr("[::1]:9000"));
+}
+
+}  // namespace
+}  // namespace zcrelay
+
+// ---- the examples in config/: each loads, and says what its comments say -----------------
+
+namespace zcrelay {
+namespace {
+
+Config example(const std::string& name) { return loadConfigFile(sourcePath("config/" + name)); }
+
+TEST(ConfigExamples, EveryExampleFileLoads) {
+    size_t loaded = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(sourcePath("config"))) {
+        if (entry.path().extension() != ".yaml") continue;
+        EXPECT_NO_THROW(loadConfigFile(entry.path())) << entry.path();
+        ++loaded;
+    }
+    EXPECT_GE(loaded, 8u);
+}
+
+TEST(ConfigExamples, Clusters) {
+    const Config c = example("clusters.yaml");
+    ASSERT_EQ(c.clusters.size(), 2u);
+    const ClusterConfig& app = c.clusters[0];
+    EXPECT_EQ(app.balance, Balance::RoundRobin);
+    EXPECT_EQ(app.retries, 2u);
+    ASSERT_EQ(app.backends.size(), 3u);
+    EXPECT_EQ(app.backends[0].weight, 3u);
+    EXPECT_EQ(app.backends[1].weight, 1u);
+    EXPECT_EQ(app.backends[2].address.family(), AF_UNIX);
+    EXPECT_EQ(app.backends[2].address.toString(), "unix:/run/app.sock");
+    EXPECT_EQ(c.clusters[1].balance, Balance::SourceHash);
+    // `upstream:` is the one-backend cluster named after its listener, after the declared ones.
+    const auto all = clustersOf(c);
+    ASSERT_EQ(all.size(), 3u);
+    EXPECT_EQ(all[2].name, "legacy");
+    EXPECT_EQ(all[2].backends.at(0).address.toString(), "127.0.0.1:9999");
+    EXPECT_EQ(clusterIndex(c, 0), 0u);
+    EXPECT_EQ(clusterIndex(c, 1), 1u);
+    EXPECT_EQ(clusterIndex(c, 2), 2u);
+}
+
+TEST(ConfigExamples, HealthChecks) {
+    const Config c = example("health_checks.yaml");
+    ASSERT_EQ(c.clusters.size(), 2u);
+    EXPECT_TRUE(c.clusters[0].health_check.enabled);
+    EXPECT_EQ(c.clusters[0].health_check.fall, 3u);
+    const HealthCheckConfig& redis = c.clusters[1].health_check;
+    EXPECT_EQ(redis.send, "PING\r\n");
+    EXPECT_EQ(redis.expect, "+PONG");
+    EXPECT_EQ(redis.timeout, 500ms);
+}
+
+TEST(ConfigExamples, ProxyProtocol) {
+    const Config c = example("proxy_protocol.yaml");
+    EXPECT_EQ(c.clusters.at(0).backends.at(0).send_proxy, ProxyVersion::V2) << "the cluster's";
+    EXPECT_EQ(c.clusters.at(0).backends.at(1).send_proxy, ProxyVersion::V1) << "its own";
+    EXPECT_TRUE(c.listeners.at(0).accept_proxy);
+    EXPECT_EQ(c.listeners.at(0).proxy_timeout, 3s);
+}
+
+TEST(ConfigExamples, Limits) {
+    const Config c = example("limits.yaml");
+    EXPECT_EQ(c.max_connections, 20000u);
+    EXPECT_EQ(c.listeners.at(0).max_connections, 10000u);
+    EXPECT_EQ(c.listeners.at(0).max_connections_per_source, 100u);
+}
+
+TEST(ConfigExamples, UpstreamSockets) {
+    const Config c = example("upstream_sockets.yaml");
+    EXPECT_EQ(c.clusters.at(0).source.toString(), "127.0.0.2:0");
+    EXPECT_EQ(c.clusters.at(0).tcp_keepalive.idle, 60s);
+    EXPECT_EQ(c.listeners.at(0).tcp_keepalive.count, 4u);
+}
+
+TEST(ConfigExamples, AccessLog) {
+    const Config c = example("access_log.yaml");
+    EXPECT_EQ(c.access_log.path, "/var/log/zcrelay/access.log");
+    EXPECT_EQ(c.access_log.format, AccessLogFormat::Json);
+}
+
+// ---- clusters: the errors a user meets ---------------------------------------------------
+
+TEST(ClusterConfig, ErrorsNameTheKey) {
+    const std::string listener = "listeners: [{listen: 127.0.0.1:1, cluster: app}]\n";
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: 127.0.0.1:1, cluster: nope}]\n"),
+              "t.yaml:1:44: listeners[0].cluster: no cluster named \"nope\"");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: 127.0.0.1:2}]}]\n"
+                          "listeners: [{listen: 127.0.0.1:1, cluster: app, upstream: "
+                          "127.0.0.1:3}]\n"),
+              "t.yaml:2:13: listeners[0]: set `cluster` or `upstream`, not both");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app}]\n" + listener),
+              "t.yaml:1:12: clusters[0].backends: missing required key");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: []}]\n" + listener),
+              "t.yaml:1:34: clusters[0].backends: empty; at least one backend is needed");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, balance: fastest, backends: [{address: "
+                          "127.0.0.1:2}]}]\n" + listener),
+              "t.yaml:1:33: clusters[0].balance: \"fastest\" is not a balance algorithm; "
+              "expected one of: round_robin, least_conn, random, source_hash");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: 127.0.0.1:2, weight: "
+                          "0}]}]\n" + listener),
+              "t.yaml:1:66: clusters[0].backends[0].weight: \"0\" is out of range (1..256)");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: 127.0.0.1:2}, "
+                          "{address: 127.0.0.1:2}]}]\n" + listener),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:2 is already "
+              "clusters[0].backends[0]");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: \"unix:run.sock\"}]}]\n" +
+                          listener),
+              "t.yaml:1:45: clusters[0].backends[0].address: a unix socket needs an absolute "
+              "path, e.g. unix:/run/app.sock");
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: \"unix:/tmp/x\", upstream: 127.0.0.1:1}]\n"),
+              "t.yaml:1:22: listeners[0].listen: unix sockets are only supported as backend "
+              "addresses");
+    EXPECT_EQ(errorOfYaml("clusters: [{name: app, health_check: {rise: 0}, backends: [{address: "
+                          "127.0.0.1:2}]}]\n" + listener),
+              "t.yaml:1:45: clusters[0].health_check.rise: \"0\" is out of range (1..1000)");
+}
+
+TEST(ClusterConfig, RendersBackToAnEqualConfig) {
+    for (const char* name : {"clusters.yaml", "health_checks.yaml", "proxy_protocol.yaml",
+                             "limits.yaml", "upstream_sockets.yaml", "access_log.yaml"}) {
+        const Config c = example(name);
+        expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+    }
 }
 
 }  // namespace
