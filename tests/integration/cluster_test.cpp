@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -443,6 +444,41 @@ TEST_F(ClusterTest, SourceAddressBindsUpstreamSockets) {
         EXPECT_EQ(servedBy(fd), 'a');
     }
     for (const std::string& peer : a.peers()) EXPECT_EQ(peer, "127.0.0.7");
+}
+
+// tcp_keepalive reaches the relay's sockets: the cluster's on the upstream side, the listener's
+// on the client side (read off the relay's own sockets with pidfd_getfd).
+TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
+    TaggedBackend a('a');
+    RelayConfig config;
+    config.workers = 1;
+    ListenerSpec l;
+    l.cluster = "app";
+    l.extra_yaml = "    tcp_keepalive: {idle: 30s, interval: 5s, count: 4}\n";
+    config.listeners.push_back(l);
+    config.extra_yaml = clusterYaml("app", "    tcp_keepalive: {idle: 60s, interval: 10s, count: 3}\n",
+                                    {{a.address()}});
+    ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
+    Fd fd = client();
+    ASSERT_EQ(servedBy(fd), 'a');
+    sockaddr_in local{};
+    socklen_t len = sizeof local;
+    ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
+    auto options = [](const Fd& s) {
+        int on = 0, idle = 0, interval = 0, count = 0;
+        socklen_t n = sizeof(int);
+        ::getsockopt(s.get(), SOL_SOCKET, SO_KEEPALIVE, &on, &n);
+        ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, &n);
+        ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, &n);
+        ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPCNT, &count, &n);
+        return std::vector<int>{on, idle, interval, count};
+    };
+    std::vector<Fd> upstream = relaySocketsTo(relay_.pid(), {a.port()});
+    std::vector<Fd> downstream = relaySocketsTo(relay_.pid(), {ntohs(local.sin_port)});
+    ASSERT_EQ(upstream.size(), 1u);
+    ASSERT_EQ(downstream.size(), 1u);
+    EXPECT_EQ(options(upstream[0]), (std::vector<int>{1, 60, 10, 3}));
+    EXPECT_EQ(options(downstream[0]), (std::vector<int>{1, 30, 5, 4}));
 }
 
 }  // namespace

@@ -2,13 +2,11 @@
 // sockmap).
 // The oracle is what the peers see (byte-exact payloads, EOF/RST, timing) and the relay's own
 // Prometheus counters, waited on with deadlines; nothing sleeps and hopes.
-#include <dirent.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,28 +257,12 @@ class NotsentLowatTest : public RelayModeTest {
     // TCP_NOTSENT_LOWAT of every relay socket whose peer is on one of `peer_ports`.
     std::vector<int> lowatsOfSocketsTo(const std::vector<uint16_t>& peer_ports) {
         std::vector<int> found;
-        Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, relay_.pid(), 0)));
-        EXPECT_TRUE(pidfd) << "pidfd_open: " << std::strerror(errno);
-        std::string dir = "/proc/" + std::to_string(relay_.pid()) + "/fd";
-        DIR* d = ::opendir(dir.c_str());
-        EXPECT_NE(d, nullptr) << dir;
-        if (!pidfd || d == nullptr) return found;
-        while (dirent* e = ::readdir(d)) {
-            int target = std::atoi(e->d_name);
-            if (e->d_name[0] == '.' || target < 0) continue;
-            Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
-            sockaddr_storage peer{};
-            socklen_t len = sizeof peer;
-            if (!fd || ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) != 0)
-                continue;
-            uint16_t port = ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
-            if (std::find(peer_ports.begin(), peer_ports.end(), port) == peer_ports.end()) continue;
+        for (const Fd& fd : relaySocketsTo(relay_.pid(), peer_ports)) {
             int lowat = -1;
             socklen_t olen = sizeof lowat;
             ::getsockopt(fd.get(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, &olen);
             found.push_back(lowat);
         }
-        ::closedir(d);
         return found;
     }
 

@@ -1,6 +1,7 @@
 #include "support/relay_process.hpp"
 
 #include <dirent.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -306,6 +307,35 @@ std::vector<std::string> SynDropRule::args(const std::string& op) const {
 
 // ---------------------------------------------------------------------------------------------
 // Config.
+
+std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_ports) {
+    std::vector<Fd> found;
+    Fd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    EXPECT_TRUE(pidfd) << "pidfd_open: " << std::strerror(errno);
+    std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+    DIR* d = ::opendir(dir.c_str());
+    EXPECT_NE(d, nullptr) << dir;
+    if (!pidfd || d == nullptr) {
+        if (d != nullptr) ::closedir(d);
+        return found;
+    }
+    while (dirent* e = ::readdir(d)) {
+        int target = std::atoi(e->d_name);
+        if (e->d_name[0] == '.' || target < 0) continue;
+        Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
+        sockaddr_storage peer{};
+        socklen_t len = sizeof peer;
+        if (!fd || ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) != 0)
+            continue;
+        uint16_t port = peer.ss_family == AF_INET6
+                            ? ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port)
+                            : ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);
+        if (std::find(peer_ports.begin(), peer_ports.end(), port) == peer_ports.end()) continue;
+        found.push_back(std::move(fd));
+    }
+    ::closedir(d);
+    return found;
+}
 
 std::string RelayConfig::yaml() const {
     std::ostringstream os;

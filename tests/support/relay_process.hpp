@@ -139,6 +139,11 @@ class SynDropRule {
     std::string error_;
 };
 
+// The sockets of process `pid` whose peer port is one of `peer_ports` (IPv4 or IPv6), duplicated
+// into this process with pidfd_getfd (root, or ptrace rights) so getsockopt can read what the
+// relay set on them. In /proc/PID/fd order.
+std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_ports);
+
 // ---------------------------------------------------------------------------------------------
 // Relay configuration as the tests write it.
 
