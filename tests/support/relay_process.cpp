@@ -673,31 +673,18 @@ bool RelayProcess::parseListenerLines(const std::string& text, std::string& erro
 }
 
 bool RelayProcess::parseReadyOutput(std::string& error) {
-    static const std::regex kListenerLine(
-        R"(^zcrelay: listener (\S+) listening on (\S+) -> (.+) \(mode (\w+)\)$)");
     static const std::regex kMetricsLine(R"(^zcrelay: metrics on http://(\S+)/metrics$)");
     std::string text = stdoutText();
+    text = text.substr(0, text.find("zcrelay: ready\n"));
+    if (!parseListenerLines(text, error)) return false;
     std::istringstream in(text);
     std::string line;
     while (std::getline(in, line)) {
         std::smatch m;
-        if (std::regex_match(line, m, kListenerLine)) {
-            ListenerInfo info;
-            info.name = m[1];
-            info.upstream = m[3];
-            info.mode = m[4];
-            if (!splitHostPort(m[2], info.host, info.port)) {
-                error = "cannot parse the listen address in: " + line;
-                return false;
-            }
-            listeners_.push_back(info);
-        } else if (std::regex_match(line, m, kMetricsLine)) {
-            if (!splitHostPort(m[1], metrics_host_, metrics_port_)) {
-                error = "cannot parse the metrics address in: " + line;
-                return false;
-            }
-        } else if (line == "zcrelay: ready") {
-            break;
+        if (std::regex_match(line, m, kMetricsLine) &&
+            !splitHostPort(m[1], metrics_host_, metrics_port_)) {
+            error = "cannot parse the metrics address in: " + line;
+            return false;
         }
     }
     if (listeners_.empty()) {
