@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "listener.hpp"
 #include "log.hpp"
@@ -199,6 +201,15 @@ tl::expected<void, std::string> Server::reload(Config config) {
 
     auto next = Runtime::build(std::move(config), current_.get(), old.workers);
     for (size_t w = 0; w < workers_.size(); ++w) workers_[w]->reload(next, std::move((*fds)[w]));
+    // Done when every worker runs the new generation: from then on a new connection meets the
+    // new config, and a removed listener's socket is closed. A worker answers within one ring
+    // round trip; the bound only guards against one that is stuck.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    for (const auto& w : workers_) {
+        while (w->appliedGeneration() < next->generation && !w->finished() &&
+               std::chrono::steady_clock::now() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
     {
         std::lock_guard lock(current_mutex_);
         current_ = std::move(next);

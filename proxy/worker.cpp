@@ -118,6 +118,7 @@ Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
       sockmap_(sockmap),
       sockmap_base_(sockmap_base) {
     generations_.push_back(makeGeneration(std::move(runtime), id));
+    applied_generation_.store(rt().generation);
     listeners_.resize(listen_fds.size());
     for (size_t i = 0; i < listen_fds.size(); ++i) {
         listeners_[i].fd = std::move(listen_fds[i]);
@@ -398,6 +399,10 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
             lr.shared->stats[id_].accepted.add();
             stats_.accepted.add();
             applyTcpOptions(res, lr.config, lr.config.tcp_keepalive);
+            // The access log names the client when the connection ends, and by then
+            // getpeername() fails: a socket that saw both FINs or an RST is in TCP_CLOSE, which
+            // the kernel answers with ENOTCONN. Ask while it is still connected.
+            if (process_.access_log != nullptr) clientAddress(*c);
             if (admit_queue_.empty() && admit(*c)) {
                 serve(*c, slot);
             } else {
@@ -513,7 +518,12 @@ void Worker::applyReload() {
         fds = std::move(pending_fds_);
     }
     if (!next) return;
-    if (draining_) return;  // closing down: new listeners would only be closed again
+    if (draining_) {
+        // Closing down: new listeners would only be closed again. Said done all the same, so
+        // the reload does not wait for a worker that will not switch.
+        applied_generation_.store(next->generation);
+        return;
+    }
     // Listeners whose address stays keep their socket (and whatever waits in its accept
     // queue); the rest of the old ones close, the new ones open. A port-0 listener matches
     // by name too, as its configured address says nothing.
@@ -559,6 +569,7 @@ void Worker::applyReload() {
     tick_ = toTimespec(Duration(tick_ms_));
     setUpChecks();
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
+    applied_generation_.store(rt().generation);
 }
 
 void Worker::armTick() {

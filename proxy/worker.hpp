@@ -68,6 +68,8 @@ class Worker {
     // whose address no listener of the current generation has, in rt order. Live connections
     // keep the generation they started in.
     void reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds);
+    // The generation this worker runs now (any thread): reload() is done when it reaches rt's.
+    uint64_t appliedGeneration() const { return applied_generation_.load(); }
     void join();
     bool finished() const { return finished_.load(); }
     const WorkerStats& stats() const { return stats_; }
@@ -224,6 +226,7 @@ class Worker {
     UniqueFd spare_fd_;
     std::atomic<uint32_t> commands_{0};
     std::atomic<bool> finished_{false};
+    std::atomic<uint64_t> applied_generation_{0};
     std::thread thread_;
     // reload() -> the worker thread: taken under the mutex once per reload, never per I/O.
     std::mutex reload_mutex_;
