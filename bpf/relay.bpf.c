@@ -33,10 +33,11 @@ struct {
 	__type(value, struct zcr_sock_stats);
 } zcr_stats SEC(".maps");
 
-/* The peer's tcp_sock, only the field read here: CO-RE relocates the offset against the
- * running kernel's BTF at load time, so no vmlinux.h is needed. */
+/* A tcp_sock, only the fields read here: CO-RE relocates the offsets against the running
+ * kernel's BTF at load time, so no vmlinux.h is needed. */
 struct tcp_sock {
 	__u64 bytes_acked;
+	__u32 copied_seq;
 } __attribute__((preserve_access_index));
 
 /* The kernel's skb behind the program's context, for TCP_SKB_CB(skb)->seq: the first 4 bytes
@@ -92,6 +93,24 @@ int zcr_verdict(struct __sk_buff *skb)
 	__u32 seq = 0;
 	bool overlap = false;
 	bpf_probe_read_kernel(&seq, sizeof(seq), kskb->cb);
+	if (!(st->flags & ZCR_SEQ_VALID)) {
+		/* The first verdict. User space may have read bytes before the socket entered the
+		 * map (a PROXY header it took), and tcp_read_skb() hands over the whole skb at the
+		 * head of the receive queue, the part already read included. Starting from the
+		 * socket's read position makes those bytes a replay, which user space skips. */
+		struct bpf_sock *self = bpf_map_lookup_elem(&zcr_socks, &cookie);
+		if (self) {
+			struct tcp_sock *tp = bpf_skc_to_tcp_sock(self);
+			if (tp) {
+				__u32 copied = tp->copied_seq;
+				if ((__s32)(copied - seq) > 0) {
+					st->next_seq = copied;
+					st->flags |= ZCR_SEQ_VALID;
+				}
+			}
+			bpf_sk_release(self);
+		}
+	}
 	if (st->flags & ZCR_SEQ_VALID) {
 		__s32 gap = (__s32)(seq - st->next_seq);
 		if (gap < 0) {

@@ -98,6 +98,11 @@ struct Direction {
     uint64_t consumed = 0;       // of those, bytes sent to dst or skipped (mirrored in the record)
     uint64_t copied = 0;         // of those, bytes sent to dst
     uint64_t barrier_left = 0;   // bytes the barrier still waited for last time
+    // Bytes outside the data path, for the barriers (they compare the kernel's counts of both
+    // sockets): read from src by the worker (a PROXY header taken) and written to dst by it (a
+    // PROXY header sent).
+    uint32_t src_skipped = 0;
+    uint32_t dst_extra = 0;
 
     bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
 };

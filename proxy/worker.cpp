@@ -1068,6 +1068,12 @@ void Worker::onProxyReadable(Conn& c, uint32_t slot, int res) {
         return;
     }
     if (r.kind == proxy_protocol::ParseResult::Incomplete) {
+        // The client's FIN is in: the peek (its window covers any `need`) saw every byte it
+        // will send, so the header cannot complete, and POLLRDHUP would fire again at once.
+        if (res & (POLLRDHUP | POLLHUP)) {
+            proxyFailed(c, slot, ProxyFailure::Eof);
+            return;
+        }
         int lowat = static_cast<int>(r.need);
         ::setsockopt(c.fd[0], SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat);
         io_uring_prep_poll_add(sqeFor(c, slot, Op::ProxyRead, 0), c.fd[0], POLLIN | POLLRDHUP);
@@ -1078,6 +1084,7 @@ void Worker::onProxyReadable(Conn& c, uint32_t slot, int res) {
         closeConn(c, slot, CloseReason::Error);
         return;
     }
+    c.dir[0].src_skipped = r.length;
     int one = 1;
     ::setsockopt(c.fd[0], SOL_SOCKET, SO_RCVLOWAT, &one, sizeof one);
     if (r.has_addresses) {
@@ -1135,7 +1142,10 @@ bool Worker::sendProxyHeader(Conn& c, uint32_t slot) {
     // 108 bytes) is queued by this one nonblocking send, ahead of any relayed byte in every
     // data path (the sockmap's redirect starts only after this).
     ssize_t sent = ::send(c.fd[1], header.data(), n, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (sent == static_cast<ssize_t>(n)) return true;
+    if (sent == static_cast<ssize_t>(n)) {
+        c.dir[0].dst_extra = static_cast<uint32_t>(n);
+        return true;
+    }
     failDirection(c, slot, 0, false, sent < 0 ? errno : EAGAIN);
     return false;
 }
@@ -1531,7 +1541,8 @@ void Worker::catchUp(Conn& c, uint32_t slot, int d) {
     // redirected count is final: once dst has queued all of it (and what we copied before),
     // the passed bytes go next, by copy.
     Direction& dir = c.dir[d];
-    uint64_t expected = loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.copied;
+    uint64_t expected =
+        loadRelaxed(sockmap_->record(c.record + d).redirected) + dir.copied + dir.dst_extra;
     if (!barrierDone(c, slot, d, checkQueued(c.fd[1 - d], expected))) return;
     dir.catching_up = false;
     dir.user_copy = true;
@@ -1540,7 +1551,10 @@ void Worker::catchUp(Conn& c, uint32_t slot, int d) {
 
 void Worker::sockmapFinBarrier(Conn& c, uint32_t slot, int d) {
     if (sockmapBroken(c, slot)) return;
-    if (!barrierDone(c, slot, d, checkFinBarrier(c.fd[d], c.fd[1 - d]))) return;
+    if (!barrierDone(
+            c, slot, d,
+            checkFinBarrier(c.fd[d], c.fd[1 - d], c.dir[d].src_skipped, c.dir[d].dst_extra)))
+        return;
     foldSockmapBytes(c);
     ::shutdown(c.fd[1 - d], SHUT_WR);
     finishDirection(c, slot, d);

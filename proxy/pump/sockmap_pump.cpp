@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace zcrelay {
@@ -116,11 +117,12 @@ SockmapBarrier checkQueued(int dst, uint64_t bytes) {
     return {SockmapBarrier::Wait, false, 0, bytes - queued};
 }
 
-SockmapBarrier checkFinBarrier(int src, int dst) {
+SockmapBarrier checkFinBarrier(int src, int dst, uint64_t src_skipped, uint64_t dst_extra) {
     tcp_info in{};
     if (!tcpInfo(src, in)) return {SockmapBarrier::Failed, true, errno, 0};
     // bytes_received counts the FIN as one byte.
-    return checkQueued(dst, in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0);
+    uint64_t received = in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0;
+    return checkQueued(dst, received - std::min(received, src_skipped) + dst_extra);
 }
 
 }  // namespace zcrelay

@@ -79,7 +79,9 @@ struct SockmapBarrier {
 // getsockopt(TCP_INFO); a reset dst fails at once rather than waiting for the idle timeout.
 SockmapBarrier checkQueued(int dst, uint64_t bytes);
 // After checkEof said Eof: whether dst has queued every byte src received, so a FIN written
-// now comes after all of them. bytes_received is the kernel's count, independent of ours.
-SockmapBarrier checkFinBarrier(int src, int dst);
+// now comes after all of them. bytes_received is the kernel's count, independent of ours;
+// `src_skipped` of them never went to dst, and dst carries `dst_extra` bytes of our own before
+// them (the PROXY headers taken and sent).
+SockmapBarrier checkFinBarrier(int src, int dst, uint64_t src_skipped = 0, uint64_t dst_extra = 0);
 
 }  // namespace zcrelay
