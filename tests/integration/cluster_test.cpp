@@ -446,6 +446,72 @@ TEST_F(ClusterTest, SourceAddressBindsUpstreamSockets) {
     for (const std::string& peer : a.peers()) EXPECT_EQ(peer, "127.0.0.7");
 }
 
+// Two listeners naming one cluster share it: on one worker, one balancer serves both, so their
+// clients alternate over the backends as one stream would.
+TEST_F(ClusterTest, ListenersShareACluster) {
+    TaggedBackend a('a'), b('b');
+    RelayConfig config;
+    config.workers = 1;
+    for (const char* name : {"one", "two"}) {
+        ListenerSpec l;
+        l.name = name;
+        l.cluster = "app";
+        config.listeners.push_back(l);
+    }
+    config.extra_yaml = clusterYaml("app", "", {{a.address()}, {b.address()}});
+    ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
+    std::string sequence;
+    for (int i = 0; i < 8; ++i) {
+        Connected c = connectTo("127.0.0.1", relay_.port(i % 2 ? "two" : "one"));
+        ASSERT_TRUE(c.fd) << c.error;
+        sequence += servedBy(c.fd);
+    }
+    // Where the rotation starts is seeded per worker; that it alternates across listeners is
+    // the point.
+    EXPECT_TRUE(sequence == "abababab" || sequence == "babababa") << sequence;
+}
+
+// With accept_proxy, the client a PROXY header names is the client: source_hash places it by
+// that address (not by the proxy in front, 127.0.0.1 for all), and the access log shows it.
+TEST_F(ClusterTest, AcceptedProxyAddressFeedsSourceHashAndTheAccessLog) {
+    TaggedBackend a('a'), b('b'), c('c');
+    TempDir dir;
+    const std::string log = dir.file("access.log");
+    RelayConfig config;
+    config.workers = 2;
+    ListenerSpec l;
+    l.cluster = "app";
+    l.extra_yaml = "    accept_proxy: true\n";
+    config.listeners.push_back(l);
+    config.extra_yaml = clusterYaml("app", "    balance: source_hash\n",
+                                    {{a.address()}, {b.address()}, {c.address()}}) +
+                        "access_log: {path: \"" + log + "\", format: text}\n";
+    ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
+    auto via = [&](const std::string& source) {
+        Fd fd = client();
+        std::string header = "PROXY TCP4 " + source + " 127.0.0.1 40000 80\r\n";
+        EXPECT_TRUE(writeAll(fd.get(), header.data(), header.size()).ok());
+        return servedBy(fd);
+    };
+    std::map<std::string, char> first;
+    std::set<char> used;
+    for (int i = 1; i <= 30; ++i) {
+        std::string source = "198.51.100." + std::to_string(i);
+        first[source] = via(source);
+        used.insert(first[source]);
+    }
+    for (const auto& [source, tag] : first) EXPECT_EQ(via(source), tag) << source;
+    EXPECT_EQ(used.size(), 3u) << "30 clients behind one proxy spread by their own address";
+    ASSERT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), 60));
+    std::string text;
+    waitUntil([&] {
+        text = readFileText(log);
+        return std::count(text.begin(), text.end(), '\n') >= 60;
+    }, Millis{5'000});
+    EXPECT_NE(text.find(" 198.51.100.7:40000 app/"), std::string::npos) << text.substr(0, 400);
+    EXPECT_EQ(text.find(" 127.0.0.1:"), std::string::npos) << "the proxy's address, not the client's";
+}
+
 // tcp_keepalive reaches the relay's sockets: the cluster's on the upstream side, the listener's
 // on the client side (read off the relay's own sockets with pidfd_getfd).
 TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
