@@ -33,18 +33,26 @@ constexpr uint32_t kAcceptBatch = 16;
 // Pipes stop this far below RLIMIT_NOFILE: half of the fds the server keeps in reserve.
 constexpr rlim_t kPipeFdHeadroom = 32;
 
-int64_t monotonicMs() {
+int64_t clockUs(clockid_t clock) {
     timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1000 + ts.tv_nsec / 1000000;
+    clock_gettime(clock, &ts);
+    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
 }
 
-__kernel_timespec toTimespec(Duration d) {
+// The loop's clock, read once per batch of completions: coarse (no vDSO time read to speak of).
+int64_t monotonicMs() { return clockUs(CLOCK_MONOTONIC_COARSE) / 1000; }
+// Connect times and durations: fine-grained, read once or twice per connection.
+int64_t monotonicUs() { return clockUs(CLOCK_MONOTONIC); }
+int64_t wallClockUs() { return clockUs(CLOCK_REALTIME); }
+
+__kernel_timespec usToTimespec(int64_t us) {
     __kernel_timespec ts{};
-    ts.tv_sec = d.count() / 1000;
-    ts.tv_nsec = (d.count() % 1000) * 1000000;
+    ts.tv_sec = us / 1000000;
+    ts.tv_nsec = (us % 1000000) * 1000;
     return ts;
 }
+
+__kernel_timespec toTimespec(Duration d) { return usToTimespec(d.count() * 1000); }
 
 bool isPeerError(int err) {
     switch (err) {
@@ -74,25 +82,6 @@ int64_t tickFor(const Config& config) {
         tick = std::min<int64_t>(tick, c.fail_timeout.count() / 4);
     }
     return std::max<int64_t>(tick, 10);
-}
-
-int64_t monotonicUs() {
-    timespec ts{};
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
-}
-
-int64_t wallClockUs() {
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
-}
-
-__kernel_timespec usToTimespec(int64_t us) {
-    __kernel_timespec ts{};
-    ts.tv_sec = us / 1000000;
-    ts.tv_nsec = (us % 1000000) * 1000;
-    return ts;
 }
 
 std::unique_ptr<Generation> makeGeneration(std::shared_ptr<const Runtime> rt, unsigned worker) {

@@ -740,12 +740,16 @@ struct RefuseCase {
 
 void PrintTo(const RefuseCase& c, std::ostream* os) { *os << c.mode << "/" << c.bad.name; }
 
-std::vector<RefuseCase> refuseCases() {
-    std::vector<RefuseCase> cases;
+// Every case in every mode: {mode, case} for each.
+template <class Case, class Item>
+std::vector<Case> inEveryMode(const std::vector<Item>& items) {
+    std::vector<Case> cases;
     for (const auto& m : kModes)
-        for (const auto& b : badCases()) cases.push_back({m, b});
+        for (const auto& item : items) cases.push_back({m, item});
     return cases;
 }
+
+std::vector<RefuseCase> refuseCases() { return inEveryMode<RefuseCase>(badCases()); }
 
 class RefusedHeaderFixture : public ProxyFixture {
   protected:
@@ -883,10 +887,7 @@ struct AddresslessCase {
 void PrintTo(const AddresslessCase& c, std::ostream* os) { *os << c.mode << "/" << c.header.name; }
 
 std::vector<AddresslessCase> addresslessCases() {
-    std::vector<AddresslessCase> cases;
-    for (const auto& m : kModes)
-        for (const auto& h : localHeaders()) cases.push_back({m, h});
-    return cases;
+    return inEveryMode<AddresslessCase>(localHeaders());
 }
 
 class AddresslessHeaderTest : public ProxyFixture,
