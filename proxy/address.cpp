@@ -89,7 +89,8 @@ tl::expected<SocketAddress, std::string> parseAddress(std::string_view text) {
         const std::string_view path = text.substr(kUnixPrefix.size());
         auto& sun = *reinterpret_cast<sockaddr_un*>(&address.storage);
         if (path.empty() || path.front() != '/') {
-            return tl::unexpected(std::string("a unix socket needs an absolute path, e.g. unix:/run/app.sock"));
+            return tl::unexpected(
+                std::string("a unix socket needs an absolute path, e.g. unix:/run/app.sock"));
         }
         if (path.size() >= sizeof(sun.sun_path)) {
             return tl::unexpected("unix socket path longer than " +

@@ -72,8 +72,8 @@ struct Choices<ProxyVersion> {
 template <>
 struct Choices<Balance> {
     static constexpr std::string_view noun = "balance algorithm";
-    static constexpr std::array values = {Balance::RoundRobin, Balance::LeastConn,
-                                          Balance::Random, Balance::SourceHash};
+    static constexpr std::array values = {Balance::RoundRobin, Balance::LeastConn, Balance::Random,
+                                          Balance::SourceHash};
     static std::string_view name(Balance b) { return balanceName(b); }
 };
 template <>
@@ -96,9 +96,9 @@ std::string choiceList() {
 enum class Kind { Count, Duration, Size, Address, OptionalAddress, Choice, Name, Text, Bool };
 
 template <class T>
-using Member =
-    std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*, Mode T::*,
-                 ProxyVersion T::*, Balance T::*, AccessLogFormat T::*, std::string T::*, bool T::*>;
+using Member = std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*,
+                            Mode T::*, ProxyVersion T::*, Balance T::*, AccessLogFormat T::*,
+                            std::string T::*, bool T::*>;
 
 // One config key. The parser, renderConfig() and defaultConfigYaml() (the example config) all
 // read these tables, so defaults, ranges and help cannot drift apart.
@@ -496,7 +496,7 @@ void assign(SocketAddress& out, const Key<T>& key, std::string_view text, const 
 }
 
 template <class T, class E>
-    requires std::is_enum_v<E>
+requires std::is_enum_v<E>
 void assign(E& out, const Key<T>&, std::string_view text, const Where& at) {
     for (E v : Choices<E>::values) {
         if (Choices<E>::name(v) == text) {
@@ -605,8 +605,7 @@ std::map<std::string, YAML::Node> parseNestedMap(
     std::initializer_list<std::string_view> inner = {}) {
     const auto it = nested.find(key);
     if (it != nested.end() && !it->second.IsMap()) {
-        fail(whereOf(source, it->second, path),
-             "expected a map, got " + typeName(it->second));
+        fail(whereOf(source, it->second, path), "expected a map, got " + typeName(it->second));
     }
     return parseMap<T>(source, it != nested.end() ? it->second : YAML::Node(YAML::NodeType::Map),
                        path + ".", keys, target, inner);
@@ -723,7 +722,8 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
                 if (config.clusters[j].name == listener.name) {
                     fail(whereOfKey(source, node, "upstream", path + ".upstream"),
                          "the cluster this makes, named after the listener, clashes with "
-                         "clusters[" + std::to_string(j) + "] " + quoted(listener.name) +
+                         "clusters[" +
+                             std::to_string(j) + "] " + quoted(listener.name) +
                              "; name the listener otherwise or use `cluster`");
                 }
             }
@@ -937,7 +937,9 @@ std::string_view proxyVersionName(ProxyVersion v) {
     return "?";
 }
 
-std::string_view logFormatName(AccessLogFormat f) { return f == AccessLogFormat::Json ? "json" : "text"; }
+std::string_view logFormatName(AccessLogFormat f) {
+    return f == AccessLogFormat::Json ? "json" : "text";
+}
 
 std::vector<ClusterConfig> clustersOf(const Config& config) {
     std::vector<ClusterConfig> clusters = config.clusters;
@@ -1002,7 +1004,8 @@ std::string_view defaultConfigYaml() {
     static const std::string yaml = [] {
         constexpr std::string_view kHeader =
             "# zcrelay configuration, printed by `zcrelay --print-default-config`.\n"
-            "# Every key shows its default. Required: listeners[].listen, and .upstream or .cluster.\n"
+            "# Every key shows its default. Required: listeners[].listen, and .upstream or "
+            ".cluster.\n"
             "# Durations: 100us (rounded up to 1ms), 250ms, 5s, 2m, 1h; \"0\" alone means zero.\n"
             "# Sizes: bytes, or B, KiB, MiB, GiB (K, M, G mean the same powers of 1024).\n"
             "# Addresses are numeric, never resolved: 127.0.0.1:10000, or quoted \"[::1]:10000\".\n"

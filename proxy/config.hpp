@@ -27,7 +27,6 @@ std::string_view modeName(Mode m);
 enum class ProxyVersion : uint8_t { Off, V1, V2 };
 std::string_view proxyVersionName(ProxyVersion v);
 
-
 std::string_view logFormatName(AccessLogFormat f);
 
 // SO_KEEPALIVE with TCP_KEEPIDLE/TCP_KEEPINTVL/TCP_KEEPCNT; idle 0 leaves keepalive off.

@@ -111,31 +111,31 @@ struct Generation;
 
 struct Conn {
     ConnState state = ConnState::Free;
-    uint8_t listener = 0;             // index into gen->rt->listeners
-    bool counted_active = false;      // accepted and counted, not yet counted as closed
-    bool counted_live = false;        // counted against max_connections (admitted)
-    bool counted_source = false;      // counted against max_connections_per_source
-    bool have_client = false;         // client holds the peer's address (accepted or PROXY)
-    bool have_local = false;          // local holds the address the client reached
-    uint8_t attempts = 0;             // connects started
-    int16_t backend = -1;             // index into the cluster's backends; -1 before a pick
-    Generation* gen = nullptr;        // the config generation it was accepted under
-    uint64_t tried = 0;               // backends tried (bit i % 64)
-    int64_t accepted_us = 0;          // wall clock at accept (access log)
-    int64_t accepted_mono_us = 0;     // monotonic at accept: duration, connect budget
-    int64_t connect_start_us = 0;     // monotonic at the current connect attempt
-    int64_t connect_deadline_us = 0;  // monotonic: the first attempt + connect_timeout
-    int64_t connect_us = -1;          // how long the successful connect took
-    uint64_t bytes[2] = {0, 0};       // relayed per direction (access log)
+    uint8_t listener = 0;              // index into gen->rt->listeners
+    bool counted_active = false;       // accepted and counted, not yet counted as closed
+    bool counted_live = false;         // counted against max_connections (admitted)
+    bool counted_source = false;       // counted against max_connections_per_source
+    bool have_client = false;          // client holds the peer's address (accepted or PROXY)
+    bool have_local = false;           // local holds the address the client reached
+    uint8_t attempts = 0;              // connects started
+    int16_t backend = -1;              // index into the cluster's backends; -1 before a pick
+    Generation* gen = nullptr;         // the config generation it was accepted under
+    uint64_t tried = 0;                // backends tried (bit i % 64)
+    int64_t accepted_us = 0;           // wall clock at accept (access log)
+    int64_t accepted_mono_us = 0;      // monotonic at accept: duration, connect budget
+    int64_t connect_start_us = 0;      // monotonic at the current connect attempt
+    int64_t connect_deadline_us = 0;   // monotonic: the first attempt + connect_timeout
+    int64_t connect_us = -1;           // how long the successful connect took
+    uint64_t bytes[2] = {0, 0};        // relayed per direction (access log)
     __kernel_timespec connect_left{};  // the attempt's link timeout: read by the kernel at submit
-    SocketAddress client;             // the client (after PROXY, the one it names)
-    SocketAddress local;              // the address it connected to (PROXY dst)
-    uint32_t generation = 0;          // bumped on every reuse of the slot
-    uint32_t inflight = 0;            // SQEs issued for this slot whose CQE has not arrived
-    int fd[2] = {-1, -1};             // [0] client, [1] upstream
-    uint64_t cookie[2] = {0, 0};      // sockmap: SO_COOKIE of fd[i], its key in the maps
-    bool linked[2] = {false, false};  // sockmap: fd[i] has an entry in zcr_links
-    bool in_map[2] = {false, false};  // sockmap: fd[i] is in the SOCKHASH
+    SocketAddress client;              // the client (after PROXY, the one it names)
+    SocketAddress local;               // the address it connected to (PROXY dst)
+    uint32_t generation = 0;           // bumped on every reuse of the slot
+    uint32_t inflight = 0;             // SQEs issued for this slot whose CQE has not arrived
+    int fd[2] = {-1, -1};              // [0] client, [1] upstream
+    uint64_t cookie[2] = {0, 0};       // sockmap: SO_COOKIE of fd[i], its key in the maps
+    bool linked[2] = {false, false};   // sockmap: fd[i] has an entry in zcr_links
+    bool in_map[2] = {false, false};   // sockmap: fd[i] is in the SOCKHASH
     uint32_t record = 0;         // sockmap: the index of fd[0]'s counters; fd[1]'s is record + 1
     int64_t last_active_ms = 0;  // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;

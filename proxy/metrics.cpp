@@ -247,13 +247,12 @@ class Collector : public prometheus::Collectable {
                   "ejection hold it down.",
                   MetricType::Gauge);
         Family attempts("zcrelay_backend_connect_attempts_total",
-                        "Connects started to the backend (retries included).",
-                        MetricType::Counter);
+                        "Connects started to the backend (retries included).", MetricType::Counter);
         Family conns("zcrelay_backend_connections_total",
                      "Connections relayed to the backend (connects that succeeded).",
                      MetricType::Counter);
-        Family active("zcrelay_backend_connections_active",
-                      "Connections to the backend open now.", MetricType::Gauge);
+        Family active("zcrelay_backend_connections_active", "Connections to the backend open now.",
+                      MetricType::Gauge);
         Family failures("zcrelay_backend_connect_failures_total",
                         "Connects to the backend that failed, by reason.", MetricType::Counter);
         Family bytes("zcrelay_backend_bytes_total",
@@ -283,10 +282,9 @@ class Collector : public prometheus::Collectable {
                 conns.add(labels, sum([](const BackendStats& s) { return s.connections.get(); }));
                 active.add(labels, std::max(0, st.active.load()));
                 for (size_t r = 0; r < idx(ConnectFailure::kCount); ++r) {
-                    failures.add(with("reason", std::string(kConnectFailureLabels[r])),
-                                 sum([r](const BackendStats& s) {
-                                     return s.connect_failures[r].get();
-                                 }));
+                    failures.add(
+                        with("reason", std::string(kConnectFailureLabels[r])),
+                        sum([r](const BackendStats& s) { return s.connect_failures[r].get(); }));
                 }
                 bytes.add(with("direction", "upstream"),
                           sum([](const BackendStats& s) { return s.bytes_upstream.get(); }));
@@ -294,13 +292,16 @@ class Collector : public prometheus::Collectable {
                           sum([](const BackendStats& s) { return s.bytes_downstream.get(); }));
                 std::array<uint64_t, kConnectBuckets.size() + 1> counts{};
                 for (size_t i = 0; i < counts.size(); ++i)
-                    counts[i] = st.stats.sum([i](const BackendStats& s) { return s.connect_time[i].get(); });
+                    counts[i] = st.stats.sum(
+                        [i](const BackendStats& s) { return s.connect_time[i].get(); });
                 connect_time.addHistogram(
                     labels, kConnectBuckets, counts,
                     sum([](const BackendStats& s) { return s.connect_time_us.get(); }) / 1e6);
                 if (c.config.health_check.enabled) {
-                    checks.add(with("result", "passed"), static_cast<double>(st.checks_passed.load()));
-                    checks.add(with("result", "failed"), static_cast<double>(st.checks_failed.load()));
+                    checks.add(with("result", "passed"),
+                               static_cast<double>(st.checks_passed.load()));
+                    checks.add(with("result", "failed"),
+                               static_cast<double>(st.checks_failed.load()));
                 }
                 transitions.add(with("to", "up"), static_cast<double>(st.went_up.load()));
                 transitions.add(with("to", "down"), static_cast<double>(st.went_down.load()));

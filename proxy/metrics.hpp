@@ -42,9 +42,7 @@ class StatCounter {
 };
 
 // Why a client's PROXY header was refused: the parser's reasons, then the worker's own.
-enum class ProxyFailure : uint8_t {
-    ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Timeout, Eof, kCount
-};
+enum class ProxyFailure : uint8_t { ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Timeout, Eof, kCount };
 inline constexpr std::array<std::string_view, idx(ProxyFailure::kCount)> kProxyFailureLabels{
     ZCRELAY_PROXY_ERRORS(ZCRELAY_LABEL_ITEM) "timeout", "eof"};
 

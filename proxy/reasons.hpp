@@ -12,10 +12,10 @@ namespace zcrelay {
     X(Done, "done")                    /* both directions finished with a FIN */      \
     X(ClientReset, "client_reset")     /* RST or socket error on the client side */   \
     X(UpstreamReset, "upstream_reset") /* RST or socket error on the upstream side */ \
-    X(ConnectFailed, "connect_failed") /* every connect attempt failed */              \
-    X(NoBackend, "no_backend")         /* no backend of the cluster was up */          \
-    X(ProxyProtocol, "proxy_protocol") /* a bad, slow or oversized PROXY header */     \
-    X(SourceLimit, "source_limit")     /* max_connections_per_source reached */        \
+    X(ConnectFailed, "connect_failed") /* every connect attempt failed */             \
+    X(NoBackend, "no_backend")         /* no backend of the cluster was up */         \
+    X(ProxyProtocol, "proxy_protocol") /* a bad, slow or oversized PROXY header */    \
+    X(SourceLimit, "source_limit")     /* max_connections_per_source reached */       \
     X(IdleTimeout, "idle_timeout")     /* no byte either way for idle_timeout */      \
     X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
     X(Error, "error")                  /* a local failure: fd limit, pipe, ring */

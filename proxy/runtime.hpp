@@ -54,8 +54,7 @@ class Sharded {
 // Upper bounds (seconds) of the connect time histogram: 100 us to 5 s, the span from a
 // loopback backend to one behind a lossy link (peers-and-pitfalls.md 4.3).
 inline constexpr std::array<double, 15> kConnectBuckets = {
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-    0.05,   0.1,     0.25,   0.5,   1,     2.5,   5};
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
 
 struct BackendStats {
     StatCounter attempts;     // connects started
@@ -64,16 +63,16 @@ struct BackendStats {
     StatCounter bytes_upstream;
     StatCounter bytes_downstream;
     std::array<StatCounter, kConnectBuckets.size() + 1> connect_time;  // last: +Inf
-    StatCounter connect_time_us;                                      // the histogram's sum
+    StatCounter connect_time_us;                                       // the histogram's sum
 };
 
 struct BackendState {
     explicit BackendState(unsigned workers) : stats(workers) {}
     // Whether new connections may go here: health checks and passive ejection set it.
     std::atomic<bool> up{true};
-    std::atomic<int32_t> active{0};             // live connections, all workers (least_conn)
-    std::atomic<uint32_t> failure_streak{0};    // connect failures in a row (passive ejection)
-    std::atomic<int64_t> ejected_until_ms{0};   // without checks: back up at this monotonic ms
+    std::atomic<int32_t> active{0};            // live connections, all workers (least_conn)
+    std::atomic<uint32_t> failure_streak{0};   // connect failures in a row (passive ejection)
+    std::atomic<int64_t> ejected_until_ms{0};  // without checks: back up at this monotonic ms
     // The health check's streaks (its worker alone writes them, relaxed).
     std::atomic<uint32_t> check_passes{0};
     std::atomic<uint32_t> check_fails{0};

@@ -3,8 +3,8 @@
 #include <sys/resource.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -39,7 +39,8 @@ tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
             if (w == 0) {
                 // With port 0 the first bind picks the port; the other workers join it.
                 auto got = boundAddress(fd->get());
-                if (!got) return tl::unexpected("listener " + l.name + ": " + got.error().message());
+                if (!got)
+                    return tl::unexpected("listener " + l.name + ": " + got.error().message());
                 addr = *got;
                 bound.push_back(addr);
             }
@@ -108,9 +109,9 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     server->current_ = Runtime::build(std::move(config), nullptr, workers);
     const Config& running = server->current_->config;
     for (unsigned w = 0; w < running.workers; ++w)
-        server->workers_.push_back(std::make_unique<Worker>(
-            w, server->current_, std::move(listen_fds[w]), per_worker, server->sockmap_.get(),
-            2 * per_worker * w, server->process_));
+        server->workers_.push_back(
+            std::make_unique<Worker>(w, server->current_, std::move(listen_fds[w]), per_worker,
+                                     server->sockmap_.get(), 2 * per_worker * w, server->process_));
 
     if (running.metrics.enabled) {
         std::vector<const WorkerStats*> stats;
@@ -121,8 +122,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
                 running.metrics.listen, [self] { return self->current(); }, std::move(stats),
                 &self->process_);
         } catch (const std::exception& e) {
-            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " +
-                                  e.what());
+            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " + e.what());
         }
     }
 
@@ -159,7 +159,8 @@ tl::expected<void, std::string> Server::reload(Config config) {
     const Config& old = current_->config;
     // What the workers were built with cannot change under them: kept, and said so.
     auto keep = [&](bool changed, const char* what) {
-        if (changed) LOG_WARN("reload: %s changes only with a restart; keeping the running one", what);
+        if (changed)
+            LOG_WARN("reload: %s changes only with a restart; keeping the running one", what);
     };
     keep(config.workers != old.workers, "workers");
     keep(config.max_pipes != old.max_pipes, "max_pipes");

@@ -58,7 +58,7 @@ class Server {
     std::vector<SocketAddress> bound_;
     ProcessShared process_;
     std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
-    std::unique_ptr<Sockmap> sockmap_;  // outlives the workers (declared before them)
+    std::unique_ptr<Sockmap> sockmap_;       // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
     std::unique_ptr<MetricsEndpoint> metrics_;
 };

@@ -524,8 +524,7 @@ void Worker::applyReload() {
         for (size_t j = 0; j < listeners_.size(); ++j) {
             const ListenerState& old = listeners_[j];
             if (old.closed || kept[j] || !(old.address == l.listen)) continue;
-            if (l.listen.port() == 0 &&
-                rt().config.listeners[old.rt_index].name != l.name)
+            if (l.listen.port() == 0 && rt().config.listeners[old.rt_index].name != l.name)
                 continue;
             found = static_cast<int32_t>(j);
         }
@@ -631,23 +630,21 @@ void Worker::closeListeners() {
 }
 
 void Worker::closeListener(ListenerState& l) {
-    {
-        // shutdown() first: it takes a listening socket out of LISTEN (and out of its
-        // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
-        // to the file; close() alone would leave it completing handshakes nobody accepts until
-        // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
-        // armed accept then ends with an error; the cancel and close below release the rest.
-        ::shutdown(l.fd.get(), SHUT_RDWR);
-        io_uring_sqe* sqe = ring_->sqe();
-        io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
-        // Hardlinked: the close runs even when the cancel finds nothing armed.
-        sqe->flags |= IOSQE_IO_HARDLINK;
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
-        sqe = ring_->sqe();
-        io_uring_prep_close(sqe, l.fd.release());
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
-        l.closed = true;
-    }
+    // shutdown() first: it takes a listening socket out of LISTEN (and out of its
+    // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
+    // to the file; close() alone would leave it completing handshakes nobody accepts until
+    // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
+    // armed accept then ends with an error; the cancel and close below release the rest.
+    ::shutdown(l.fd.get(), SHUT_RDWR);
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
+    // Hardlinked: the close runs even when the cancel finds nothing armed.
+    sqe->flags |= IOSQE_IO_HARDLINK;
+    io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    sqe = ring_->sqe();
+    io_uring_prep_close(sqe, l.fd.release());
+    io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    l.closed = true;
 }
 
 // ---- health checks -------------------------------------------------------------------------
@@ -727,8 +724,7 @@ void Worker::stepCheck(uint32_t i) {
                                MSG_NOSIGNAL);
             break;
         case Check::Step::Recv:
-            io_uring_prep_recv(sqe, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done,
-                               0);
+            io_uring_prep_recv(sqe, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
             break;
         case Check::Step::Idle:
             break;
@@ -883,8 +879,8 @@ bool Worker::admitSource(Conn& c, uint32_t slot) {
         }
     }
     if (!c.counted_source) {
-        LOG_DEBUG("%s: %s is at max_connections_per_source %u", lr.config.name.c_str(),
-                  key.c_str(), limit);
+        LOG_DEBUG("%s: %s is at max_connections_per_source %u", lr.config.name.c_str(), key.c_str(),
+                  limit);
         closeConn(c, slot, CloseReason::SourceLimit);
         return false;
     }
@@ -982,8 +978,7 @@ void Worker::connectBackend(Conn& c, uint32_t slot) {
     int64_t left = std::max<int64_t>(c.connect_deadline_us - c.connect_start_us, 1000);
     c.connect_left = usToTimespec(left);
     io_uring_sqe* sqe = sqeFor(c, slot, Op::Connect, 0);
-    io_uring_prep_connect(sqe, c.fd[1], be.config.address.sockaddrPtr(),
-                          be.config.address.length);
+    io_uring_prep_connect(sqe, c.fd[1], be.config.address.sockaddrPtr(), be.config.address.length);
     // The linked timeout cancels the connect (CQE -ECANCELED) when what is left of
     // connect_timeout runs out: retries share one budget, as HAProxy's `timeout connect` does
     // per attempt but bounded overall here, so a client never waits longer than configured.
@@ -1151,8 +1146,7 @@ void Worker::retryFdWaiters() {
             continue;
         if (monotonicUs() >= c.connect_deadline_us) {
             lstats(c).connect_failures[idx(ConnectFailure::Other)].add();
-            LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
-                     lc(c).name.c_str());
+            LOG_WARN("%s: no fd for an upstream socket within connect_timeout", lc(c).name.c_str());
             closeConn(c, ud.slot, CloseReason::ConnectFailed);
             continue;
         }
@@ -1255,8 +1249,7 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         foldSockmapBytes(c);
         for (int d = 0; d < 2; ++d)
             if (c.linked[d])
-                lstats(c).sockmap_replays.add(
-                    loadRelaxed(sockmap_->record(c.record + d).replayed));
+                lstats(c).sockmap_replays.add(loadRelaxed(sockmap_->record(c.record + d).replayed));
         // Out of the maps before close(): see pump/sockmap_pump.hpp.
         for (int i = 0; i < 2; ++i)
             if (c.in_map[i]) stats_.sockmap_sockets.sub();
@@ -1392,9 +1385,8 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
     Direction& dir = c.dir[d];
     if (dir.finished) return;
     uint64_t moved = 0;
-    SpliceStep step =
-        pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
-                   static_cast<uint32_t>(lc(c).pipe_size), moved);
+    SpliceStep step = pumpSplice(dir, c.fd[d], c.fd[1 - d], *pipes_,
+                                 static_cast<uint32_t>(lc(c).pipe_size), moved);
     if (moved > 0) addBytes(c, d, moved);
     switch (step.kind) {
         case SpliceStep::WaitRead:

@@ -6,8 +6,8 @@
 
 #include <atomic>
 #include <future>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,8 +85,8 @@ class Worker {
         UniqueFd fd;
         SocketAddress address;  // as configured (port 0 included)
         int32_t rt_index = -1;  // its index in the current generation's listeners
-        uint32_t armed = 0;   // single-shot accepts in flight
-        bool paused = false;  // at the fd budget or on EMFILE; resumeAccepting() re-arms
+        uint32_t armed = 0;     // single-shot accepts in flight
+        bool paused = false;    // at the fd budget or on EMFILE; resumeAccepting() re-arms
         bool closed = false;
     };
 
@@ -240,9 +240,9 @@ class Worker {
     std::unique_ptr<PipePool> pipes_;
     std::vector<std::unique_ptr<Conn[]>> chunks_;
     uint32_t free_head_ = UINT32_MAX;
-    uint32_t slots_used_ = 0;           // high-water mark of slots ever handed out
-    uint32_t live_ = 0;                 // slots not Free (Closing ones included)
-    uint32_t accepts_armed_ = 0;        // over all listeners: each may become a connection
+    uint32_t slots_used_ = 0;     // high-water mark of slots ever handed out
+    uint32_t live_ = 0;           // slots not Free (Closing ones included)
+    uint32_t accepts_armed_ = 0;  // over all listeners: each may become a connection
     // One check in progress or waiting for its next turn. A check's steps run in order, each
     // bounded by a linked timeout carrying what is left of health_check.timeout.
     struct Check {
@@ -251,7 +251,7 @@ class Worker {
         const BackendRt* backend = nullptr;
         int fd = -1;
         Step step = Step::Idle;
-        uint32_t done = 0;       // bytes of `send` sent, or of `expect` received
+        uint32_t done = 0;  // bytes of `send` sent, or of `expect` received
         int64_t deadline_us = 0;
         __kernel_timespec left{};      // the step's link timeout: read by the kernel at submit
         __kernel_timespec interval{};  // the wait until the next check
@@ -261,11 +261,11 @@ class Worker {
     // The previous generation's checks: a cancelled recv may still name their buffers until
     // the cancel is processed, so they are freed one reload later.
     std::vector<Check> retired_checks_;
-    uint32_t checks_generation_ = 0;  // bumped on every setUpChecks: older CQEs are dropped
-    std::vector<uint8_t> scratch_;        // PROXY headers are peeked into this
-    std::vector<uint64_t> admit_queue_;   // accepted past max_connections, oldest first
-    std::vector<uint64_t> fd_waiters_;  // accepted clients waiting for an fd for their upstream
-    std::vector<uint64_t> starved_;     // packed UserData of copy directions waiting for a buffer
+    uint32_t checks_generation_ = 0;     // bumped on every setUpChecks: older CQEs are dropped
+    std::vector<uint8_t> scratch_;       // PROXY headers are peeked into this
+    std::vector<uint64_t> admit_queue_;  // accepted past max_connections, oldest first
+    std::vector<uint64_t> fd_waiters_;   // accepted clients waiting for an fd for their upstream
+    std::vector<uint64_t> starved_;      // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
     bool buffers_freed_ = false;           // a buffer went back to the ring since the last retry
     uint64_t wake_value_ = 0;

@@ -98,8 +98,8 @@ class TaggedBackend {
             if (::poll(&p, 1, 20) <= 0) continue;
             sockaddr_storage ss{};
             socklen_t len = sizeof ss;
-            int c = ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len,
-                              SOCK_CLOEXEC);
+            int c =
+                ::accept4(listen_fd_.get(), reinterpret_cast<sockaddr*>(&ss), &len, SOCK_CLOEXEC);
             if (c < 0) continue;
             char host[INET6_ADDRSTRLEN] = "unix";
             if (ss.ss_family == AF_INET)
@@ -211,8 +211,9 @@ class ClusterTest : public ::testing::Test {
 
 TEST_F(ClusterTest, RoundRobinFollowsWeightsSmoothly) {
     TaggedBackend a('a'), b('b'), c('c');
-    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", "    balance: round_robin\n",
-                                              {{a.address(), 3}, {b.address(), 2}, {c.address(), 1}})));
+    ASSERT_NO_FATAL_FAILURE(
+        start(clusterYaml("app", "    balance: round_robin\n",
+                          {{a.address(), 3}, {b.address(), 2}, {c.address(), 1}})));
     // One worker: its smooth weighted round robin is the whole story, so the sequence is exact:
     // 3:2:1 interleaved (a b a c b a), never a burst of three a's.
     std::string sequence;
@@ -282,7 +283,8 @@ TEST_F(ClusterTest, SourceHashMovesOnlyTheAddedBackendsShare) {
     auto placement = [&] {
         std::map<std::string, char> where;
         for (int i = 1; i <= 200; ++i) {
-            std::string source = "127.0." + std::to_string(i / 100 + 1) + "." + std::to_string(i % 100 + 1);
+            std::string source =
+                "127.0." + std::to_string(i / 100 + 1) + "." + std::to_string(i % 100 + 1);
             Fd fd = connectFrom(source, relay_.port());
             where[source] = fd ? servedBy(fd) : 0;
         }
@@ -321,14 +323,18 @@ TEST_F(ClusterTest, SourceHashMovesOnlyTheAddedBackendsShare) {
 
 TEST_F(ClusterTest, HealthChecksTakeABackendDownAndBringItBack) {
     TaggedBackend a('a'), b('b');
-    ASSERT_NO_FATAL_FAILURE(start(
-        clusterYaml("app",
-                    "    health_check: {interval: 100ms, timeout: 200ms, rise: 2, fall: 2}\n",
-                    {{a.address()}, {b.address()}})));
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
+        "app", "    health_check: {interval: 100ms, timeout: 200ms, rise: 2, fall: 2}\n",
+        {{a.address()}, {b.address()}})));
     const Labels lb = metric::backend("app", b.address());
-    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendChecksTotal,
-                                     [&] { auto l = lb; l["result"] = "passed"; return l; }(),
-                                     [](double v) { return v >= 2; }, ">= 2"));
+    ASSERT_TRUE(relay_.waitForMetric(
+        metric::kBackendChecksTotal,
+        [&] {
+            auto l = lb;
+            l["result"] = "passed";
+            return l;
+        }(),
+        [](double v) { return v >= 2; }, ">= 2"));
     EXPECT_EQ(relay_.metric(metric::kBackendUp, lb), 1.0);
 
     b.stopListening();  // its checks are refused from now on
@@ -344,7 +350,11 @@ TEST_F(ClusterTest, HealthChecksTakeABackendDownAndBringItBack) {
         EXPECT_EQ(servedBy(fd), 'a') << "a down backend takes no clients";
     }
     EXPECT_EQ(relay_.metric(metric::kBackendTransitionsTotal,
-                            [&] { auto l = lb; l["to"] = "down"; return l; }()),
+                            [&] {
+                                auto l = lb;
+                                l["to"] = "down";
+                                return l;
+                            }()),
               1.0);
 
     ASSERT_TRUE(b.listenAgain());
@@ -363,11 +373,11 @@ TEST_F(ClusterTest, HealthCheckSendsAndExpectsAReplyPrefix) {
     // The tagged backends answer every connection with their tag byte: expecting "a" passes
     // for a, fails for b.
     TaggedBackend a('a'), b('b');
-    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
-        "app",
-        "    health_check: {interval: 100ms, timeout: 300ms, rise: 1, fall: 1, send: \"ping\\r\\n\", "
-        "expect: \"a\"}\n",
-        {{a.address()}, {b.address()}})));
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app",
+                                              "    health_check: {interval: 100ms, timeout: 300ms, "
+                                              "rise: 1, fall: 1, send: \"ping\\r\\n\", "
+                                              "expect: \"a\"}\n",
+                                              {{a.address()}, {b.address()}})));
     EXPECT_TRUE(relay_.waitForMetric(metric::kBackendUp, metric::backend("app", b.address()), 0));
     EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", a.address())), 1.0);
 }
@@ -404,7 +414,8 @@ TEST_F(ClusterTest, ConnectFailuresRetryElsewhereAndEjectTheBackend) {
         EXPECT_EQ(servedBy(fd), 'a') << "client " << i << " must be served by a retry";
     }
     EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", b)), 0.0);
-    double attempts = relay_.metric(metric::kBackendAttemptsTotal, metric::backend("app", b)).value_or(-1);
+    double attempts =
+        relay_.metric(metric::kBackendAttemptsTotal, metric::backend("app", b)).value_or(-1);
     EXPECT_EQ(attempts, 2.0) << "ejected after max_fails: 2, then never tried";
     EXPECT_EQ(relay_.metric(metric::kBackendFailuresTotal,
                             {{"cluster", "app"}, {"backend", b}, {"reason", "refused"}}),
@@ -428,9 +439,9 @@ TEST_P(UnixBackendTest, RelaysToAUnixSocketByteExact) {
     EXPECT_EQ(echoed.io.status, IoStatus::Eof) << echoed.describe();
     EXPECT_EQ(echoed.bytes, uint64_t{4} << 20) << echoed.describe();
     EXPECT_EQ(echoed.first_mismatch, -1) << echoed.describe();
-    EXPECT_TRUE(relay_.waitForMetric(metric::kBackendBytesTotal,
-                                     {{"cluster", "app"}, {"backend", u.address()}, {"direction", "upstream"}},
-                                     4 << 20));
+    EXPECT_TRUE(relay_.waitForMetric(
+        metric::kBackendBytesTotal,
+        {{"cluster", "app"}, {"backend", u.address()}, {"direction", "upstream"}}, 4 << 20));
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, UnixBackendTest, ::testing::Values("splice", "copy", "sockmap"),
@@ -438,7 +449,8 @@ INSTANTIATE_TEST_SUITE_P(Modes, UnixBackendTest, ::testing::Values("splice", "co
 
 TEST_F(ClusterTest, SourceAddressBindsUpstreamSockets) {
     TaggedBackend a('a');
-    ASSERT_NO_FATAL_FAILURE(start(clusterYaml("app", "    source: 127.0.0.7:0\n", {{a.address()}})));
+    ASSERT_NO_FATAL_FAILURE(
+        start(clusterYaml("app", "    source: 127.0.0.7:0\n", {{a.address()}})));
     for (int i = 0; i < 3; ++i) {
         Fd fd = client();
         EXPECT_EQ(servedBy(fd), 'a');
@@ -504,12 +516,15 @@ TEST_F(ClusterTest, AcceptedProxyAddressFeedsSourceHashAndTheAccessLog) {
     EXPECT_EQ(used.size(), 3u) << "30 clients behind one proxy spread by their own address";
     ASSERT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), 60));
     std::string text;
-    waitUntil([&] {
-        text = readFileText(log);
-        return std::count(text.begin(), text.end(), '\n') >= 60;
-    }, Millis{5'000});
+    waitUntil(
+        [&] {
+            text = readFileText(log);
+            return std::count(text.begin(), text.end(), '\n') >= 60;
+        },
+        Millis{5'000});
     EXPECT_NE(text.find(" 198.51.100.7:40000 app/"), std::string::npos) << text.substr(0, 400);
-    EXPECT_EQ(text.find(" 127.0.0.1:"), std::string::npos) << "the proxy's address, not the client's";
+    EXPECT_EQ(text.find(" 127.0.0.1:"), std::string::npos)
+        << "the proxy's address, not the client's";
 }
 
 // tcp_keepalive reaches the relay's sockets: the cluster's on the upstream side, the listener's
@@ -522,8 +537,8 @@ TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
     l.cluster = "app";
     l.extra_yaml = "    tcp_keepalive: {idle: 30s, interval: 5s, count: 4}\n";
     config.listeners.push_back(l);
-    config.extra_yaml = clusterYaml("app", "    tcp_keepalive: {idle: 60s, interval: 10s, count: 3}\n",
-                                    {{a.address()}});
+    config.extra_yaml = clusterYaml(
+        "app", "    tcp_keepalive: {idle: 60s, interval: 10s, count: 3}\n", {{a.address()}});
     ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
     Fd fd = client();
     ASSERT_EQ(servedBy(fd), 'a');

@@ -268,9 +268,8 @@ class NotsentLowatTest : public RelayModeTest {
 
     void expectLowat(const std::string& extra_yaml, int want) {
         ScriptedUpstream up(AF_INET, echoScript());
-        ASSERT_NO_FATAL_FAILURE(startRelay(up, mode(), [&](RelayConfig& c) {
-            c.listeners.at(0).extra_yaml = extra_yaml;
-        }));
+        ASSERT_NO_FATAL_FAILURE(startRelay(
+            up, mode(), [&](RelayConfig& c) { c.listeners.at(0).extra_yaml = extra_yaml; }));
         Connected client = connectClient();
         ASSERT_TRUE(client.fd) << client.error;
         // One echo: the upstream connection exists once the bytes came back.
@@ -294,8 +293,8 @@ TEST_P(NotsentLowatTest, DefaultIsSetOnBothSocketsOutsideSockmap) {
 }
 
 TEST_P(NotsentLowatTest, ConfiguredValueIsSetOutsideSockmap) {
-    ASSERT_NO_FATAL_FAILURE(expectLowat("    notsent_lowat: 256KiB\n",
-                                        mode() == "sockmap" ? 0 : 256 * 1024));
+    ASSERT_NO_FATAL_FAILURE(
+        expectLowat("    notsent_lowat: 256KiB\n", mode() == "sockmap" ? 0 : 256 * 1024));
 }
 
 TEST_P(NotsentLowatTest, ZeroLeavesItUnset) {

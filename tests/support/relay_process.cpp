@@ -1,8 +1,8 @@
 #include "support/relay_process.hpp"
 
 #include <dirent.h>
-#include <netinet/in.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -325,8 +325,7 @@ std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_port
         Fd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), target, 0)));
         sockaddr_storage peer{};
         socklen_t len = sizeof peer;
-        if (!fd || ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) != 0)
-            continue;
+        if (!fd || ::getpeername(fd.get(), reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
         uint16_t port = peer.ss_family == AF_INET6
                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&peer)->sin6_port)
                             : ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port);

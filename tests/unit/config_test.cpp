@@ -261,8 +261,9 @@ TEST(LoadConfig, BadNameAndMode) {
     EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    name: " + std::string(65, 'x') + "\n"),
               "t.yaml:4:11: listeners[0].name: \"" + std::string(65, 'x') +
                   "\" is not a valid name; use 1 to 64 of [A-Za-z0-9_.-]");
-    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
-              "t.yaml:4:11: listeners[0].mode: expected one of: splice, copy, sockmap, got a sequence");
+    EXPECT_EQ(
+        errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
+        "t.yaml:4:11: listeners[0].mode: expected one of: splice, copy, sockmap, got a sequence");
 }
 
 TEST(LoadConfig, UnquotedIPv6GetsAHint) {
@@ -398,14 +399,17 @@ TEST(ClusterConfig, ErrorsNameTheKey) {
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: []}]\n" + listener),
               "t.yaml:1:34: clusters[0].backends: empty; at least one backend is needed");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, balance: fastest, backends: [{address: "
-                          "127.0.0.1:2}]}]\n" + listener),
+                          "127.0.0.1:2}]}]\n" +
+                          listener),
               "t.yaml:1:33: clusters[0].balance: \"fastest\" is not a balance algorithm; "
               "expected one of: round_robin, least_conn, random, source_hash");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: 127.0.0.1:2, weight: "
-                          "0}]}]\n" + listener),
+                          "0}]}]\n" +
+                          listener),
               "t.yaml:1:66: clusters[0].backends[0].weight: \"0\" is out of range (1..256)");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: 127.0.0.1:2}, "
-                          "{address: 127.0.0.1:2}]}]\n" + listener),
+                          "{address: 127.0.0.1:2}]}]\n" +
+                          listener),
               "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:2 is already "
               "clusters[0].backends[0]");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: [{address: \"unix:run.sock\"}]}]\n" +
@@ -416,7 +420,8 @@ TEST(ClusterConfig, ErrorsNameTheKey) {
               "t.yaml:1:22: listeners[0].listen: unix sockets are only supported as backend "
               "addresses");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, health_check: {rise: 0}, backends: [{address: "
-                          "127.0.0.1:2}]}]\n" + listener),
+                          "127.0.0.1:2}]}]\n" +
+                          listener),
               "t.yaml:1:45: clusters[0].health_check.rise: \"0\" is out of range (1..1000)");
 }
 
