@@ -960,6 +960,15 @@ void Worker::connectBackend(Conn& c, uint32_t slot) {
                 return;
             }
         }
+        if (!fd && (fd.error().code == EADDRINUSE || fd.error().code == EADDRNOTAVAIL)) {
+            // `source` has no port left (a fixed source port, or ports exhausted): a failed
+            // attempt like a connect's EADDRNOTAVAIL, counted and retried, not a local error.
+            c.tried |= uint64_t{1} << (c.backend % 64);
+            ++c.attempts;
+            be.state->stats[id_].attempts.add();
+            onConnectFailed(c, slot, EADDRNOTAVAIL);
+            return;
+        }
         if (!fd) {
             LOG_WARN("%s: backend %s: %s", lc(c).name.c_str(), be.key.c_str(),
                      fd.error().message().c_str());
@@ -996,8 +1005,11 @@ void Worker::onConnectFailed(Conn& c, uint32_t slot, int err) {
     LOG_DEBUG("%s: connect %s: %s", lc(c).name.c_str(), be.key.c_str(), strerror(err));
     // Passive ejection: max_fails failures in a row, from any worker, take the backend down.
     // Never the only backend (as nginx): down, it would turn every client away for
-    // fail_timeout, where trying it still serves whoever comes when it is back.
-    uint32_t streak = be.state->failure_streak.fetch_add(1, std::memory_order_relaxed) + 1;
+    // fail_timeout, where trying it still serves whoever comes when it is back. Nor for
+    // EADDRNOTAVAIL: out of local ports is this host's state, not the backend's.
+    uint32_t streak = err == EADDRNOTAVAIL
+                          ? 0
+                          : be.state->failure_streak.fetch_add(1, std::memory_order_relaxed) + 1;
     if (cl.config.max_fails > 0 && streak >= cl.config.max_fails && cl.backends.size() > 1) {
         bool was_up = true;
         if (be.state->up.compare_exchange_strong(was_up, false)) {
@@ -1010,7 +1022,7 @@ void Worker::onConnectFailed(Conn& c, uint32_t slot, int err) {
                      cl.config.health_check.enabled ? "; health checks bring it back" : "");
         }
     }
-    ::close(c.fd[1]);  // the connect completed: no SQE holds this socket any more
+    if (c.fd[1] >= 0) ::close(c.fd[1]);  // the connect completed: no SQE holds it any more
     c.fd[1] = -1;
     bool budget_left = monotonicUs() < c.connect_deadline_us;
     if (c.attempts <= cl.config.retries && budget_left) {

@@ -3,16 +3,24 @@
 // backends, the source address. Each backend tags its connections with one byte, so a client
 // knows which backend serves it; the relay's per-backend metrics are the other oracle.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <fstream>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -30,7 +38,8 @@ namespace {
 // and can stop listening and listen again on the same port (or unix path).
 class TaggedBackend {
   public:
-    explicit TaggedBackend(char tag, std::string unix_path = "") : tag_(tag), path_(unix_path) {
+    explicit TaggedBackend(char tag, std::string unix_path = "", uint16_t port = 0)
+        : tag_(tag), path_(unix_path), port_(port) {
         listenAgain();
     }
     ~TaggedBackend() {
@@ -525,6 +534,123 @@ TEST_F(ClusterTest, AcceptedProxyAddressFeedsSourceHashAndTheAccessLog) {
     EXPECT_NE(text.find(" 198.51.100.7:40000 app/"), std::string::npos) << text.substr(0, 400);
     EXPECT_EQ(text.find(" 127.0.0.1:"), std::string::npos)
         << "the proxy's address, not the client's";
+}
+
+// Runs `body` in a child process, in a network namespace of its own with only lo up, and
+// returns what it returned ("" = passed), or why it could not run. The namespace confines what
+// the body changes (here: the ephemeral port range) to itself.
+std::string inOwnNetns(const std::function<std::string()>& body, Millis timeout) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) return "pipe2 failed";
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(p[0]);
+        std::string result;
+        if (::unshare(CLONE_NEWNET) != 0) {
+            result = std::string("unshare(CLONE_NEWNET): ") + std::strerror(errno);
+        } else {
+            Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+            ifreq ifr{};
+            std::strcpy(ifr.ifr_name, "lo");
+            ::ioctl(s.get(), SIOCGIFFLAGS, &ifr);
+            ifr.ifr_flags |= IFF_UP;
+            result = ::ioctl(s.get(), SIOCSIFFLAGS, &ifr) == 0 ? body() : "cannot bring lo up";
+        }
+        (void)!::write(p[1], result.data(), result.size());
+        ::_exit(result.empty() ? 0 : 1);
+    }
+    ::close(p[1]);
+    Fd from_child(p[0]);
+    std::string out;
+    bool eof = false;
+    for (auto deadline = Clock::now() + timeout; !eof && Clock::now() < deadline;) {
+        pollfd pfd{from_child.get(), POLLIN, 0};
+        if (::poll(&pfd, 1, 100) <= 0) continue;
+        char buf[4096];
+        ssize_t n = ::read(from_child.get(), buf, sizeof buf);
+        if (n > 0) out.append(buf, static_cast<size_t>(n));
+        eof = n == 0 || (n < 0 && errno != EINTR);
+    }
+    if (!eof) ::kill(pid, SIGKILL);  // our own child, by its pid
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    if (!eof) return "the namespace child did not finish in time";
+    return out;
+}
+
+// `source` with port 0 sets IP_BIND_ADDRESS_NO_PORT, so an upstream socket's port is chosen at
+// connect() per destination. In a namespace whose ephemeral range is 8 ports, 14 connections
+// from one source address to 2 backends all connect (7 to each); bind() choosing the port
+// alone would have stopped at 8 (EADDRINUSE). The nearest real thing to the 50k+ connections
+// it is for, which this machine's 20,000 fd limit does not allow.
+TEST(SourcePortsTest, UpstreamPortsAreSharedAcrossBackends) {
+    if (::geteuid() != 0) GTEST_SKIP() << "a network namespace of its own needs root";
+    std::string result = inOwnNetns(
+        [] {
+            std::ofstream("/proc/sys/net/ipv4/ip_local_port_range") << "40000 40007";
+            // Fixed ports outside that range for everything that listens, and the clients
+            // bind theirs: the 8 ephemeral ports are the upstream sockets' alone.
+            TaggedBackend a('a', "", 9001), b('b', "", 9002);
+            RelayProcess relay;
+            RelayConfig config;
+            config.workers = 1;
+            config.metrics_listen = "127.0.0.1:9100";
+            ListenerSpec l;
+            l.listen = "127.0.0.1:10000";
+            l.cluster = "app";
+            config.listeners.push_back(l);
+            config.extra_yaml =
+                clusterYaml("app", "    source: 127.0.0.1:0\n", {{a.address()}, {b.address()}});
+            if (!relay.start(config)) return "relay did not start\n" + relay.diagnostics();
+            std::vector<Fd> held;
+            std::string tags;
+            for (int i = 0; i < 14; ++i) {
+                Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+                sockaddr_in addr{};
+                addr.sin_family = AF_INET;
+                addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+                addr.sin_port = htons(static_cast<uint16_t>(50000 + i));
+                if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+                    return std::string("client bind: ") + std::strerror(errno);
+                addr.sin_port = htons(10000);
+                if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+                    return std::string("client connect: ") + std::strerror(errno);
+                tags += servedBy(fd);
+                held.push_back(std::move(fd));
+            }
+            if (std::count(tags.begin(), tags.end(), 'a') != 7 ||
+                std::count(tags.begin(), tags.end(), 'b') != 7)
+                return "served by: \"" + tags + "\" (want 7 a and 7 b)\n" + relay.diagnostics();
+            return std::string();
+        },
+        Millis{60'000});
+    if (result.rfind("unshare", 0) == 0) GTEST_SKIP() << result;
+    EXPECT_EQ(result, "");
+}
+
+// A fixed source port fits one upstream connection at a time. The second client's attempts
+// find it taken (bind: EADDRINUSE): counted as addr_not_avail connect failures, retried, and
+// the client closed as connect_failed; the backend is not ejected for it.
+TEST_F(ClusterTest, SourcePortInUseIsAConnectFailureNotAnError) {
+    TaggedBackend a('a'), b('b');
+    Bound spare = bindLoopbackNoListen(AF_INET);
+    uint16_t port = spare.port;
+    spare.fd.reset();  // free again, for the relay's source
+    ASSERT_NO_FATAL_FAILURE(start(
+        clusterYaml("app", "    source: 127.0.0.1:" + std::to_string(port) + "\n    max_fails: 1\n",
+                    {{a.address()}, {b.address()}})));
+    Fd first = client();
+    char served = servedBy(first);
+    ASSERT_TRUE(served == 'a' || served == 'b');
+    Fd second = client();
+    IoResult end = waitForPeerClose(second.get(), Millis{5'000});
+    EXPECT_TRUE(end.status == IoStatus::Eof || end.status == IoStatus::Reset) << end.describe();
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("connect_failed"), 1));
+    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("error")), 0.0);
+    EXPECT_EQ(relay_.metric(metric::kConnectFailuresTotal, metric::reason("addr_not_avail")), 3.0)
+        << "retries: 2, so three attempts";
+    EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", a.address())), 1.0);
+    EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", b.address())), 1.0);
 }
 
 // tcp_keepalive reaches the relay's sockets: the cluster's on the upstream side, the listener's
