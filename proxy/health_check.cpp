@@ -1,0 +1,189 @@
+// The Worker's active health checks (worker.hpp declares them): each backend of a cluster with
+// `health_check` is checked by one worker, on that worker's ring, one step at a time:
+//
+//   Idle --interval--> Connect --ok--> [Send --all sent-->] [Recv --prefix matched-->] passed
+//                         \______________ error, timeout, wrong or missing reply ______/ failed
+//
+// Every step is one SQE with a linked timeout carrying what is left of health_check.timeout.
+// A result moves the backend's streaks in its BackendState (shared by all workers): `fall`
+// failures in a row take it down, `rise` passes bring it up.
+#include <algorithm>
+#include <cstring>
+
+#include "clock.hpp"
+#include "log.hpp"
+#include "upstream.hpp"
+#include "worker.hpp"
+
+namespace zcrelay {
+
+void Worker::setUpChecks() {
+    // Checks of the previous generation: their sockets go, their CQEs and timers are ignored
+    // (generation mismatch). The backends' streaks live in BackendState and carry over.
+    for (Check& ck : checks_) {
+        if (ck.fd < 0) continue;
+        io_uring_sqe* sqe = ring_->sqe();
+        io_uring_prep_cancel_fd(sqe, ck.fd, IORING_ASYNC_CANCEL_ALL);
+        sqe->flags |= IOSQE_IO_HARDLINK;
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        sqe = ring_->sqe();
+        io_uring_prep_close(sqe, ck.fd);
+        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    }
+    retired_checks_ = std::move(checks_);
+    checks_.clear();
+    ++checks_generation_;
+    if (draining_) return;
+    unsigned workers = std::max(1u, rt().config.workers);
+    unsigned n = 0;
+    for (const ClusterRt& cl : rt().clusters) {
+        if (!cl.config.health_check.enabled) continue;
+        for (const BackendRt& b : cl.backends) {
+            if (n++ % workers != id_) continue;
+            Check ck;
+            ck.cluster = &cl;
+            ck.backend = &b;
+            ck.interval = toTimespec(cl.config.health_check.interval);
+            ck.reply.resize(cl.config.health_check.expect.size());
+            checks_.push_back(std::move(ck));
+        }
+    }
+    for (uint32_t i = 0; i < checks_.size(); ++i) startCheck(i);
+}
+
+io_uring_sqe* Worker::checkSqe(uint32_t i, Op op) {
+    io_uring_sqe* sqe = ring_->sqe();
+    io_uring_sqe_set_data64(sqe, UserData{op, 0, i, checks_generation_}.pack());
+    return sqe;
+}
+
+void Worker::startCheck(uint32_t i) {
+    if (draining_ || i >= checks_.size()) return;
+    Check& ck = checks_[i];
+    auto fd = openUpstreamSocket(ck.backend->config.address, ck.cluster->config.source);
+    if (!fd) {
+        finishCheck(i, false, "no socket");
+        return;
+    }
+    ck.fd = fd->release();
+    ck.step = Check::Step::Connect;
+    ck.done = 0;
+    ck.deadline_us = monotonicUs() + ck.cluster->config.health_check.timeout.count() * 1000;
+    stepCheck(i);
+}
+
+void Worker::stepCheck(uint32_t i) {
+    Check& ck = checks_[i];
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    int64_t left = ck.deadline_us - monotonicUs();
+    if (left <= 0) {
+        finishCheck(i, false, "timeout");
+        return;
+    }
+    ck.left = usToTimespec(left);
+    io_uring_sqe* sqe = checkSqe(i, Op::Check);
+    switch (ck.step) {
+        case Check::Step::Connect:
+            io_uring_prep_connect(sqe, ck.fd, ck.backend->config.address.sockaddrPtr(),
+                                  ck.backend->config.address.length);
+            break;
+        case Check::Step::Send:
+            io_uring_prep_send(sqe, ck.fd, hc.send.data() + ck.done, hc.send.size() - ck.done,
+                               MSG_NOSIGNAL);
+            break;
+        case Check::Step::Recv:
+            io_uring_prep_recv(sqe, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
+            break;
+        case Check::Step::Idle:
+            break;
+    }
+    sqe->flags |= IOSQE_IO_LINK;
+    io_uring_prep_link_timeout(checkSqe(i, Op::CheckTimeout), &ck.left, 0);
+}
+
+void Worker::onCheck(uint32_t i, int res) {
+    if (i >= checks_.size()) return;
+    Check& ck = checks_[i];
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    if (res == -ECANCELED) {
+        finishCheck(i, false, "timeout");
+        return;
+    }
+    if (res < 0) {
+        finishCheck(i, false, strerror(-res));
+        return;
+    }
+    switch (ck.step) {
+        case Check::Step::Connect:
+            ck.step = !hc.send.empty()     ? Check::Step::Send
+                      : !hc.expect.empty() ? Check::Step::Recv
+                                           : Check::Step::Idle;
+            break;
+        case Check::Step::Send:
+            ck.done += static_cast<uint32_t>(res);
+            if (ck.done == hc.send.size()) {
+                ck.done = 0;
+                ck.step = hc.expect.empty() ? Check::Step::Idle : Check::Step::Recv;
+            }
+            break;
+        case Check::Step::Recv:
+            if (res == 0) {
+                finishCheck(i, false, "closed before the expected reply");
+                return;
+            }
+            ck.done += static_cast<uint32_t>(res);
+            if (std::memcmp(ck.reply.data(), hc.expect.data(), ck.done) != 0) {
+                finishCheck(i, false, "unexpected reply");
+                return;
+            }
+            if (ck.done == hc.expect.size()) ck.step = Check::Step::Idle;
+            break;
+        case Check::Step::Idle:
+            return;
+    }
+    if (ck.step == Check::Step::Idle)
+        finishCheck(i, true, "passed");
+    else
+        stepCheck(i);
+}
+
+void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
+    Check& ck = checks_[i];
+    if (ck.fd >= 0) {
+        ::close(ck.fd);  // its step completed: nothing in flight holds it
+        ck.fd = -1;
+    }
+    ck.step = Check::Step::Idle;
+    const HealthCheckConfig& hc = ck.cluster->config.health_check;
+    BackendState& st = *ck.backend->state;
+    const char* cluster = ck.cluster->config.name.c_str();
+    const char* backend = ck.backend->key.c_str();
+    if (passed) {
+        st.checks_passed.fetch_add(1, std::memory_order_relaxed);
+        st.check_fails.store(0, std::memory_order_relaxed);
+        uint32_t passes = st.check_passes.fetch_add(1, std::memory_order_relaxed) + 1;
+        bool was_down = false;
+        if (passes >= hc.rise && st.up.compare_exchange_strong(was_down, true)) {
+            st.went_up.fetch_add(1, std::memory_order_relaxed);
+            st.failure_streak.store(0, std::memory_order_relaxed);
+            LOG_INFO("cluster %s: backend %s up (%u checks passed)", cluster, backend, passes);
+        }
+    } else {
+        st.checks_failed.fetch_add(1, std::memory_order_relaxed);
+        st.check_passes.store(0, std::memory_order_relaxed);
+        uint32_t fails = st.check_fails.fetch_add(1, std::memory_order_relaxed) + 1;
+        bool was_up = true;
+        if (fails >= hc.fall && st.up.compare_exchange_strong(was_up, false)) {
+            st.went_down.fetch_add(1, std::memory_order_relaxed);
+            LOG_WARN("cluster %s: backend %s down (%u checks failed, last: %s)", cluster, backend,
+                     fails, why);
+        }
+    }
+    armCheckTimer(i);
+}
+
+void Worker::armCheckTimer(uint32_t i) {
+    io_uring_prep_timeout(checkSqe(i, Op::CheckTimer), &checks_[i].interval, 0, 0);
+}
+
+}  // namespace zcrelay
