@@ -1,0 +1,1 @@
+#include "support/relay_process.hpp"
