@@ -1,17 +1,15 @@
 #include "metrics.hpp"
 
-#include <prometheus/exposer.h>
-#include <prometheus/text_serializer.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <prometheus/client_metric.h>
+#include <prometheus/metric_family.h>
+#include <prometheus/metric_type.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstring>
-#include <thread>
+#include <limits>
 
 #include "address.hpp"
 #include "config.hpp"
+#include "process_stats.hpp"
 #include "runtime.hpp"
 #include "worker.hpp"
 
@@ -21,20 +19,6 @@ namespace {
 using prometheus::ClientMetric;
 using prometheus::MetricFamily;
 using prometheus::MetricType;
-
-int processThreads() {
-    // /proc/self/status "Threads:" counts io-wq workers too (they are threads of this process):
-    // the number that shows a thread explosion if the data path ever starts blocking in io-wq.
-    FILE* f = std::fopen("/proc/self/status", "r");
-    if (f == nullptr) return -1;
-    char line[256];
-    int threads = -1;
-    while (std::fgets(line, sizeof line, f) != nullptr) {
-        if (std::sscanf(line, "Threads: %d", &threads) == 1) break;
-    }
-    std::fclose(f);
-    return threads;
-}
 
 class Family {
   public:
@@ -124,13 +108,69 @@ class Collector : public prometheus::Collectable {
                                "Sockets in the sockmap SOCKHASH now (two per connection).",
                                MetricType::Gauge);
         sockmap_sockets.add({}, sum([](const WorkerStats& w) { return w.sockmap_sockets.get(); }));
+        Family pipes_capacity("zcrelay_pipes_capacity",
+                              "Pipes the process may hold (max_pipes); 0: never splice.",
+                              MetricType::Gauge);
+        pipes_capacity.add({}, static_cast<double>(rt->config.max_pipes));
+        Family eagain("zcrelay_splice_eagain_total",
+                      "Splice steps that found nothing to do: the source socket was empty "
+                      "(socket_empty), or the destination took nothing (pipe_full).",
+                      MetricType::Counter);
+        static constexpr const char* kCauses[] = {"socket_empty", "pipe_full"};
+        for (int d = 0; d < 2; ++d) {
+            for (int cause = 0; cause < 2; ++cause) {
+                eagain.add({{"direction", d == 0 ? "upstream" : "downstream"},
+                            {"cause", kCauses[cause]}},
+                           sum([d, cause](const WorkerStats& w) {
+                               return w.splice_eagain[d][cause].get();
+                           }));
+            }
+        }
+        Family sqes("zcrelay_ring_sqes_submitted_total",
+                    "SQEs each worker's io_uring submitted.", MetricType::Counter);
+        Family overflow("zcrelay_ring_cq_overflow_total",
+                        "CQEs each worker's io_uring held back because its CQ ring was full "
+                        "(the kernel's count).",
+                        MetricType::Counter);
+        for (size_t w = 0; w < workers_.size(); ++w) {
+            std::string worker = std::to_string(w);
+            sqes.add({{"worker", worker}}, static_cast<double>(workers_[w]->sqes_submitted.get()));
+            overflow.add({{"worker", worker}}, static_cast<double>(workers_[w]->cq_overflow.get()));
+        }
+        ProcessStats ps = readProcessStats();
         Family threads("zcrelay_process_threads",
                        "Threads of the process, io_uring io-wq workers included.",
                        MetricType::Gauge);
-        threads.add({}, processThreads());
+        threads.add({}, ps.threads);
+        Family iowq("zcrelay_iowq_workers",
+                    "io_uring io-wq worker threads (iou-wrk-*): work the kernel could not do "
+                    "inline. Stays near 0 when the data path never blocks.",
+                    MetricType::Gauge);
+        iowq.add({}, ps.iowq_workers);
+        Family fds("process_open_fds", "Open file descriptors.", MetricType::Gauge);
+        fds.add({}, ps.open_fds);
+        Family max_fds("process_max_fds", "RLIMIT_NOFILE: the most fds the process may open.",
+                       MetricType::Gauge);
+        max_fds.add({}, static_cast<double>(ps.max_fds));
+        Family rss("process_resident_memory_bytes", "Resident memory.", MetricType::Gauge);
+        rss.add({}, static_cast<double>(ps.rss_bytes));
+        Family vsz("process_virtual_memory_bytes", "Virtual memory.", MetricType::Gauge);
+        vsz.add({}, static_cast<double>(ps.virtual_bytes));
+        Family cpu("process_cpu_seconds_total", "User and system CPU time.", MetricType::Counter);
+        cpu.add({}, ps.cpu_seconds);
+        Family started("process_start_time_seconds", "When the process started (Unix time).",
+                       MetricType::Gauge);
+        started.add({}, ps.start_time_seconds);
+        Family draining("zcrelay_draining",
+                        "1 after SIGTERM/SIGINT: not accepting, live connections finishing.",
+                        MetricType::Gauge);
+        draining.add({}, process_->draining.load() ? 1 : 0);
         Family info("zcrelay_build_info", "Build information; the value is always 1.",
                     MetricType::Gauge);
-        info.add({{"version", ZCRELAY_VERSION}}, 1);
+        info.add({{"version", ZCRELAY_VERSION},
+                  {"io_backend", "io_uring"},
+                  {"sockmap", process_->sockmap_loaded ? "loaded" : "off"}},
+                 1);
         Family generation("zcrelay_config_generation",
                           "The running config's generation: 1 at start, +1 per applied reload.",
                           MetricType::Gauge);
@@ -144,8 +184,10 @@ class Collector : public prometheus::Collectable {
                        MetricType::Counter);
         dropped.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
 
-        for (Family* f : {&fallbacks, &per_worker, &in_use, &cached, &sockmap_sockets, &paused,
-                          &threads, &info, &generation, &reloads, &dropped})
+        for (Family* f : {&fallbacks, &per_worker, &in_use, &cached, &pipes_capacity,
+                          &sockmap_sockets, &paused, &eagain, &sqes, &overflow, &threads, &iowq,
+                          &fds, &max_fds, &rss, &vsz, &cpu, &started, &draining, &info,
+                          &generation, &reloads, &dropped})
             out.push_back(f->take());
         return out;
     }
@@ -158,8 +200,23 @@ class Collector : public prometheus::Collectable {
                       "Connections open now (accepted, not yet closed).", MetricType::Gauge);
         Family bytes("zcrelay_bytes_total",
                      "Bytes relayed: direction=upstream is client to upstream, downstream is "
-                     "upstream to client.",
+                     "upstream to client; path is the data path that moved them.",
                      MetricType::Counter);
+        Family duration("zcrelay_connection_duration_seconds",
+                        "Time from accept to close, per connection.", MetricType::Histogram);
+        Family half_closed("zcrelay_half_closed_connections",
+                           "Connections with one direction finished (FIN relayed) and the other "
+                           "still open.",
+                           MetricType::Gauge);
+        Family rejected("zcrelay_connections_rejected_total",
+                        "Connections closed before relaying anything, by reason (also in "
+                        "zcrelay_connections_closed_total, except draining: accepted while "
+                        "draining).",
+                        MetricType::Counter);
+        Family sockmap_conns("zcrelay_sockmap_connections_total",
+                             "Connections whose sockets entered the sockmap (the kernel "
+                             "redirects their bytes).",
+                             MetricType::Counter);
         Family failures("zcrelay_upstream_connect_failures_total",
                         "Upstream connect attempts that failed, by reason.", MetricType::Counter);
         Family closed("zcrelay_connections_closed_total", "Connections closed, by reason.",
@@ -219,10 +276,33 @@ class Collector : public prometheus::Collectable {
                     {{"listener", name}, {"reason", std::string(kSockmapFallbackLabels[r])}},
                     sum([r](const ListenerStats& s) { return s.sockmap_fallbacks[r].get(); }));
             }
-            bytes.add({{"direction", "upstream"}, {"listener", name}},
-                      sum([](const ListenerStats& s) { return s.bytes_upstream.get(); }));
-            bytes.add({{"direction", "downstream"}, {"listener", name}},
-                      sum([](const ListenerStats& s) { return s.bytes_downstream.get(); }));
+            for (int d = 0; d < 2; ++d) {
+                for (size_t p = 0; p < kPathLabels.size(); ++p) {
+                    bytes.add({{"direction", d == 0 ? "upstream" : "downstream"},
+                               {"listener", name},
+                               {"path", std::string(kPathLabels[p])}},
+                              sum([d, p](const ListenerStats& s) { return s.bytes[d][p].get(); }));
+                }
+            }
+            std::array<uint64_t, kDurationBuckets.size() + 1> counts{};
+            for (size_t b = 0; b < counts.size(); ++b)
+                counts[b] = st.sum([b](const ListenerStats& s) { return s.duration[b].get(); });
+            duration.addHistogram({{"listener", name}}, kDurationBuckets, counts,
+                                  sum([](const ListenerStats& s) { return s.duration_us.get(); }) /
+                                      1e6);
+            half_closed.add({{"listener", name}},
+                            sum([](const ListenerStats& s) { return s.half_closed.get(); }));
+            sockmap_conns.add({{"listener", name}}, sum([](const ListenerStats& s) {
+                                  return s.sockmap_connections.get();
+                              }));
+            // Rejected: closed before any byte was relayed, for a reason of the relay's own.
+            for (CloseReason r :
+                 {CloseReason::NoBackend, CloseReason::ProxyProtocol, CloseReason::SourceLimit}) {
+                rejected.add({{"listener", name}, {"reason", std::string(label(r))}},
+                             sum([r](const ListenerStats& s) { return s.closed[idx(r)].get(); }));
+            }
+            rejected.add({{"listener", name}, {"reason", "draining"}},
+                         sum([](const ListenerStats& s) { return s.rejected_draining.get(); }));
             for (size_t r = 0; r < idx(ConnectFailure::kCount); ++r) {
                 failures.add(
                     {{"listener", name}, {"reason", std::string(kConnectFailureLabels[r])}},
@@ -236,7 +316,8 @@ class Collector : public prometheus::Collectable {
                 }
             }
         }
-        for (Family* f : {&conns, &active, &bytes, &failures, &closed, &proxy_errors, &datapath,
+        for (Family* f : {&conns, &active, &bytes, &duration, &half_closed, &failures, &closed,
+                          &rejected, &proxy_errors, &datapath, &sockmap_conns,
                           &sockmap_fallbacks, &catchups, &copied, &replays, &skipped})
             out.push_back(f->take());
     }
@@ -319,42 +400,10 @@ class Collector : public prometheus::Collectable {
 
 }  // namespace
 
-MetricsEndpoint::MetricsEndpoint(const SocketAddress& listen,
-                                 std::function<std::shared_ptr<const Runtime>()> current,
-                                 std::vector<const WorkerStats*> workers,
-                                 const ProcessShared* process)
-    : address_(listen),
-      collector_(std::make_shared<Collector>(std::move(current), std::move(workers), process)) {
-    // One civetweb thread is plenty for scrapes and keeps the process's thread count small.
-    exposer_ = std::make_unique<prometheus::Exposer>(listen.toString(), 1);
-    exposer_->RegisterCollectable(collector_);
-}
-
-MetricsEndpoint::~MetricsEndpoint() {
-    // civetweb's mg_stop() raises a flag and joins its listening thread, which looks at the flag
-    // only between poll() rounds of 2 s: shutting down would take up to 2 s for nothing. A
-    // connection to our own port ends the round at once. Bounded: the loop ends when the
-    // exposer is gone, which the poll quantum guarantees anyway.
-    SocketAddress self = address_;
-    self.setPort(port());
-    std::atomic<bool> stopped{false};
-    std::thread kick([&] {
-        while (!stopped.load()) {
-            int fd = ::socket(self.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-            if (fd < 0) break;
-            ::connect(fd, self.sockaddrPtr(), self.length);
-            ::close(fd);
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-    });
-    exposer_.reset();
-    stopped.store(true);
-    kick.join();
-}
-
-uint16_t MetricsEndpoint::port() const {
-    auto ports = exposer_->GetListeningPorts();
-    return ports.empty() ? 0 : static_cast<uint16_t>(ports.front());
+std::shared_ptr<prometheus::Collectable> makeCollector(
+    std::function<std::shared_ptr<const Runtime>()> current,
+    std::vector<const WorkerStats*> workers, const ProcessShared* process) {
+    return std::make_shared<Collector>(std::move(current), std::move(workers), process);
 }
 
 }  // namespace zcrelay

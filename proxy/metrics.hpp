@@ -18,9 +18,6 @@
 #include "proxy_protocol.hpp"
 #include "reasons.hpp"
 
-namespace prometheus {
-class Exposer;
-}
 
 namespace zcrelay {
 
@@ -35,6 +32,8 @@ class StatCounter {
     void sub(uint64_t n = 1) {
         v_.store(v_.load(std::memory_order_relaxed) - n, std::memory_order_relaxed);
     }
+    // For a value the worker copies from elsewhere (a kernel counter in the ring).
+    void set(uint64_t v) { v_.store(v, std::memory_order_relaxed); }
     uint64_t get() const { return v_.load(std::memory_order_relaxed); }
 
   private:
@@ -46,10 +45,23 @@ enum class ProxyFailure : uint8_t { ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Time
 inline constexpr std::array<std::string_view, idx(ProxyFailure::kCount)> kProxyFailureLabels{
     ZCRELAY_PROXY_ERRORS(ZCRELAY_LABEL_ITEM) "timeout", "eof"};
 
+// Upper bounds (seconds) of the connection duration histogram: 1 ms to an hour, the span from
+// a health probe to a long-lived tunnel (peers-and-pitfalls.md 4.3).
+inline constexpr std::array<double, 16> kDurationBuckets = {
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200};
+
+inline constexpr std::array<std::string_view, 3> kPathLabels = {"splice", "copy", "sockmap"};
+
 struct ListenerStats {
     StatCounter accepted;
-    StatCounter bytes_upstream;    // client -> upstream
-    StatCounter bytes_downstream;  // upstream -> client
+    // [direction][data path]: direction 0 is client -> upstream, 1 upstream -> client; the
+    // path is the DataPath that moved them (kPathLabels).
+    std::array<std::array<StatCounter, kPathLabels.size()>, 2> bytes;
+    std::array<StatCounter, kDurationBuckets.size() + 1> duration;  // per-bucket; last: +Inf
+    StatCounter duration_us;        // the histogram's sum
+    StatCounter half_closed;        // gauge: one direction finished, the other still flowing
+    StatCounter rejected_draining;  // accepted while draining, closed at once
+    StatCounter sockmap_connections;  // connections whose sockets entered the sockmap
     std::array<StatCounter, idx(CloseReason::kCount)> closed;
     std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
     std::array<StatCounter, idx(SockmapFallback::kCount)> sockmap_fallbacks;
@@ -62,6 +74,12 @@ struct ListenerStats {
 
 struct WorkerStats {
     StatCounter accepted;  // over all listeners
+    // Splice steps that found nothing to do: [direction][cause], cause 0 = the source socket
+    // had no bytes (socket_empty), 1 = the destination could take none (pipe_full: the pipe
+    // holds bytes the socket's send buffer has no room for).
+    std::array<std::array<StatCounter, 2>, 2> splice_eagain;
+    StatCounter sqes_submitted;  // SQEs this worker's ring has submitted
+    StatCounter cq_overflow;     // the ring's CQ overflow count (kernel's), copied per loop
     std::array<StatCounter, idx(PipeFallback::kCount)> pipe_fallbacks;
     StatCounter pipes_in_use;     // gauge: pipes held by directions
     StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
@@ -69,22 +87,11 @@ struct WorkerStats {
     StatCounter sockmap_sockets;  // gauge: sockets this worker has in the SOCKHASH
 };
 
-// The /metrics endpoint: a civetweb server (prometheus-cpp pull) serving the sum of all
-// workers' stats, for the listeners, clusters and backends of the current Runtime (which
-// `current` returns at each scrape). Throws std::exception if the address cannot be bound
-// (start-up only).
-class MetricsEndpoint {
-  public:
-    MetricsEndpoint(const SocketAddress& listen,
-                    std::function<std::shared_ptr<const Runtime>()> current,
-                    std::vector<const WorkerStats*> workers, const ProcessShared* process);
-    ~MetricsEndpoint();
-    uint16_t port() const;
-
-  private:
-    SocketAddress address_;
-    std::shared_ptr<prometheus::Collectable> collector_;
-    std::unique_ptr<prometheus::Exposer> exposer_;
-};
+// Builds the Collectable the /metrics endpoint serializes: the sum of all workers' stats, for
+// the listeners, clusters and backends of the current Runtime (`current`, called per scrape),
+// plus the process's own numbers.
+std::shared_ptr<prometheus::Collectable> makeCollector(
+    std::function<std::shared_ptr<const Runtime>()> current,
+    std::vector<const WorkerStats*> workers, const ProcessShared* process);
 
 }  // namespace zcrelay

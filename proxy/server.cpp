@@ -83,6 +83,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         auto loaded = Sockmap::load(static_cast<uint32_t>(records), Sockmap::Attach::StreamVerdict);
         if (loaded) {
             server->sockmap_ = std::move(*loaded);
+            server->process_.sockmap_loaded = true;
             LOG_INFO("sockmap: verdict attached, room for %llu sockets",
                      static_cast<unsigned long long>(records));
         } else {
@@ -119,10 +120,13 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         Server* self = server.get();
         try {
             server->metrics_ = std::make_unique<MetricsEndpoint>(
-                running.metrics.listen, [self] { return self->current(); }, std::move(stats),
-                &self->process_);
+                running.metrics.listen,
+                makeCollector([self] { return self->current(); }, std::move(stats),
+                              &self->process_),
+                [self] { return self->unhealthy(); }, [self] { return self->unready(); });
         } catch (const std::exception& e) {
-            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " + e.what());
+            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " +
+                                  e.what());
         }
     }
 
@@ -220,7 +224,29 @@ tl::expected<void, std::string> Server::reload(Config config) {
 }
 
 void Server::drain() {
+    process_.draining.store(true);
     for (auto& w : workers_) w->drain();
+}
+
+std::string Server::unhealthy() const {
+    if (process_.draining.load()) return "";
+    for (size_t i = 0; i < workers_.size(); ++i)
+        if (workers_[i]->finished()) return "worker " + std::to_string(i) + " stopped";
+    return "";
+}
+
+std::string Server::unready() const {
+    if (process_.draining.load()) return "draining";
+    if (std::string why = unhealthy(); !why.empty()) return why;
+    // Every listener must have somewhere to send a client: a cluster with a backend up.
+    std::shared_ptr<const Runtime> rt = current();
+    for (const ListenerRt& l : rt->listeners) {
+        const ClusterRt& c = rt->clusters[l.cluster];
+        bool any = std::any_of(c.backends.begin(), c.backends.end(),
+                               [](const BackendRt& b) { return b.state->up.load(); });
+        if (!any) return "listener " + l.config.name + ": no backend of cluster " + c.config.name + " is up";
+    }
+    return "";
 }
 
 void Server::stop() {

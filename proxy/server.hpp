@@ -19,6 +19,7 @@
 #include "access_log.hpp"
 #include "config.hpp"
 #include "metrics.hpp"
+#include "metrics_endpoint.hpp"
 #include "runtime.hpp"
 #include "sockmap.hpp"
 #include "worker.hpp"
@@ -42,6 +43,10 @@ class Server {
     // SIGHUP also reopens the access log file (logrotate).
     void reopenAccessLog();
     ProcessShared& process() { return process_; }
+    // "" when fine, else why: /healthz (a worker died) and /readyz (draining, or a listener
+    // with no backend up). Any thread.
+    std::string unhealthy() const;
+    std::string unready() const;
     // 0 when metrics are disabled.
     uint16_t metricsPort() const { return metrics_ ? metrics_->port() : 0; }
 

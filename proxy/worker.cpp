@@ -171,6 +171,9 @@ void Worker::loop() {
             LOG_ERROR("io_uring_submit_and_wait: %s", strerror(-r));
             break;
         }
+        if (r > 0) stats_.sqes_submitted.add(static_cast<uint64_t>(r));
+        // The kernel counts CQEs it had to hold back because the CQ ring was full.
+        stats_.cq_overflow.set(IO_URING_READ_ONCE(*ring_->raw()->cq.koverflow));
         now_ms_ = monotonicMs();
         unsigned head, count = 0;
         io_uring_cqe* cqe;
@@ -353,6 +356,7 @@ void Worker::onAccept(uint32_t li, int res, uint32_t /*flags*/) {
     }
     if (res >= 0) {
         if (draining_) {
+            rt().listeners[l.rt_index].shared->stats[id_].rejected_draining.add();
             ::close(res);
         } else if (uint32_t slot = allocConn(); slot != UINT32_MAX) {
             Conn* c = &conn(slot);
@@ -1026,7 +1030,7 @@ void Worker::startDirection(Conn& c, uint32_t slot, int d) {
 
 void Worker::addBytes(Conn& c, int d, uint64_t n) {
     ListenerStats& s = lstats(c);
-    (d == 0 ? s.bytes_upstream : s.bytes_downstream).add(n);
+    s.bytes[d][static_cast<size_t>(c.dir[d].path)].add(n);
     c.bytes[d] += n;
     BackendStats& b = cluster(c).backends[c.backend].state->stats[id_];
     (d == 0 ? b.bytes_upstream : b.bytes_downstream).add(n);
@@ -1035,7 +1039,12 @@ void Worker::addBytes(Conn& c, int d, uint64_t n) {
 
 void Worker::finishDirection(Conn& c, uint32_t slot, int d) {
     c.dir[d].finished = true;
-    if (c.bothFinished()) closeConn(c, slot, CloseReason::Done);
+    if (!c.bothFinished()) {
+        lstats(c).half_closed.add();  // one way done, the other still flowing
+        return;
+    }
+    lstats(c).half_closed.sub();
+    closeConn(c, slot, CloseReason::Done);
 }
 
 void Worker::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) {
@@ -1050,8 +1059,16 @@ void Worker::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) 
 
 void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
+    if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.sub();
     if (c.counted_active) {
-        lstats(c).closed[idx(reason)].add();
+        ListenerStats& ls = lstats(c);
+        ls.closed[idx(reason)].add();
+        uint64_t us = static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.accepted_mono_us));
+        size_t bucket = 0;
+        while (bucket < kDurationBuckets.size() && static_cast<double>(us) > kDurationBuckets[bucket] * 1e6)
+            ++bucket;
+        ls.duration[bucket].add();
+        ls.duration_us.add(us);
         c.counted_active = false;
         if (process_.access_log != nullptr) logConnection(c, reason);
     }
@@ -1211,9 +1228,11 @@ void Worker::pumpSpliceDir(Conn& c, uint32_t slot, int d) {
     if (moved > 0) addBytes(c, d, moved);
     switch (step.kind) {
         case SpliceStep::WaitRead:
+            stats_.splice_eagain[d][0].add();
             armPollIn(c, slot, d);
             break;
         case SpliceStep::WaitWrite:
+            stats_.splice_eagain[d][1].add();
             armPollOut(c, slot, d);
             armWatch(c, slot, d);
             break;
@@ -1251,6 +1270,7 @@ void Worker::startSockmap(Conn& c, uint32_t slot) {
         if (c.in_map[i]) stats_.sockmap_sockets.add();
     if (c.linked[0] || c.linked[1]) {
         if (sockmap_conns_++ == 0) armSockmapScan();
+        lstats(c).sockmap_connections.add();
     }
     if (r.fell_back) {
         lstats(c).sockmap_fallbacks[idx(r.reason)].add();

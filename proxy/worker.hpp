@@ -35,6 +35,8 @@ namespace zcrelay {
 struct ProcessShared {
     std::atomic<uint32_t> live{0};
     AccessLog* access_log = nullptr;
+    std::atomic<bool> draining{false};
+    bool sockmap_loaded = false;  // set at start, before any worker runs
     std::atomic<uint64_t> reloads_ok{0};
     std::atomic<uint64_t> reloads_failed{0};
 };

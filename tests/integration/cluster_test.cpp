@@ -653,6 +653,34 @@ TEST_F(ClusterTest, SourcePortInUseIsAConnectFailureNotAnError) {
     EXPECT_EQ(relay_.metric(metric::kBackendUp, metric::backend("app", b.address())), 1.0);
 }
 
+// /readyz says whether a client would be served: 503 while a listener's cluster has no backend
+// up (with the reason), 200 once one is, 503 "draining" after SIGTERM. /healthz stays 200.
+TEST_F(ClusterTest, ReadyzFollowsBackendsAndDrainHealthzStaysUp) {
+    TaggedBackend a('a');
+    a.stopListening();
+    ASSERT_NO_FATAL_FAILURE(start(clusterYaml(
+        "app", "    health_check: {interval: 100ms, timeout: 200ms, rise: 1, fall: 1}\n",
+        {{a.address()}})));
+    auto status = [&](const char* path) {
+        auto r = relay_.get(path);
+        return r ? r->status : -1;
+    };
+    ASSERT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{5'000}));
+    EXPECT_EQ(relay_.get("/readyz")->body, "listener t: no backend of cluster app is up\n");
+    EXPECT_EQ(status("/healthz"), 200);
+    ASSERT_TRUE(a.listenAgain());
+    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 200; }, Millis{5'000}));
+    EXPECT_EQ(relay_.get("/readyz")->body, "ready\n");
+
+    Fd held = client();  // keeps the drain going while we look
+    ASSERT_EQ(servedBy(held), 'a');
+    ASSERT_TRUE(relay_.sendSignal(SIGTERM));
+    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{5'000}));
+    EXPECT_EQ(relay_.get("/readyz")->body, "draining\n");
+    EXPECT_EQ(status("/healthz"), 200);
+    EXPECT_EQ(relay_.metric("zcrelay_draining"), 1.0);
+}
+
 // tcp_keepalive reaches the relay's sockets: the cluster's on the upstream side, the listener's
 // on the client side (read off the relay's own sockets with pidfd_getfd).
 TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {

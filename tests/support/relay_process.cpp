@@ -479,10 +479,18 @@ std::vector<Sample> parseMetrics(const std::string& text) {
 
 std::optional<double> findSample(const std::string& text, const std::string& name,
                                  const Labels& labels) {
+    std::optional<double> sum;
     for (const auto& s : parseMetrics(text)) {
-        if (s.name == name && s.labels == labels) return s.value;
+        if (s.name != name) continue;
+        if (s.labels == labels) return s.value;
+        // A series with more labels than asked for (e.g. bytes by `path` as well) adds up.
+        bool has_all = std::all_of(labels.begin(), labels.end(), [&](const auto& kv) {
+            auto it = s.labels.find(kv.first);
+            return it != s.labels.end() && it->second == kv.second;
+        });
+        if (has_all) sum = sum.value_or(0) + s.value;
     }
-    return std::nullopt;
+    return sum;
 }
 
 std::string formatSeries(const std::string& name, const Labels& labels) {
@@ -712,33 +720,44 @@ std::string RelayProcess::host(const std::string& name) const {
     return l != nullptr ? l->host : "";
 }
 
-std::optional<std::string> RelayProcess::scrape(std::string* error) const {
-    auto fail = [&](const std::string& e) -> std::optional<std::string> {
+std::optional<HttpResponse> RelayProcess::get(const std::string& path, std::string* error) const {
+    auto fail = [&](const std::string& e) -> std::optional<HttpResponse> {
         if (error != nullptr) *error = e;
         return std::nullopt;
     };
     if (metrics_port_ == 0) return fail("no metrics port was printed");
     Connected c = connectTo(metrics_host_, metrics_port_, Millis{2'000});
     if (!c.fd) return fail("metrics " + c.error);
-    std::string req = "GET /metrics HTTP/1.0\r\nHost: " + metrics_host_ + "\r\n\r\n";
+    std::string req = "GET " + path + " HTTP/1.0\r\nHost: " + metrics_host_ + "\r\n\r\n";
     IoResult w = writeAll(c.fd.get(), req.data(), req.size(), Millis{2'000});
-    if (!w.ok()) return fail("metrics request: " + w.describe());
+    if (!w.ok()) return fail(path + " request: " + w.describe());
     std::string resp;
     IoResult r = readUntilEof(c.fd.get(), resp, Millis{5'000});
-    if (r.status != IoStatus::Eof) return fail("metrics response: " + r.describe());
-    size_t eol = resp.find("\r\n");
-    std::string status_line = resp.substr(0, eol);
-    if (status_line.find(" 200") == std::string::npos)
-        return fail("metrics status: " + status_line);
+    if (r.status != IoStatus::Eof) return fail(path + " response: " + r.describe());
     size_t hdr_end = resp.find("\r\n\r\n");
-    if (hdr_end == std::string::npos) return fail("metrics response has no header end");
+    if (hdr_end == std::string::npos) return fail(path + " response has no header end");
+    HttpResponse out;
+    std::string status_line = resp.substr(0, resp.find("\r\n"));
+    size_t sp = status_line.find(' ');
+    out.status = sp == std::string::npos ? 0 : std::atoi(status_line.c_str() + sp + 1);
     std::string headers = resp.substr(0, hdr_end);
-    std::string body = resp.substr(hdr_end + 4);
+    out.body = resp.substr(hdr_end + 4);
     std::string lower;
     for (char ch : headers)
         lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    if (lower.find("transfer-encoding: chunked") != std::string::npos) body = decodeChunked(body);
-    return body;
+    if (lower.find("transfer-encoding: chunked") != std::string::npos)
+        out.body = decodeChunked(out.body);
+    return out;
+}
+
+std::optional<std::string> RelayProcess::scrape(std::string* error) const {
+    auto r = get("/metrics", error);
+    if (!r) return std::nullopt;
+    if (r->status != 200) {
+        if (error != nullptr) *error = "metrics status: " + std::to_string(r->status);
+        return std::nullopt;
+    }
+    return r->body;
 }
 
 std::optional<double> RelayProcess::metric(const std::string& name, const Labels& labels) const {

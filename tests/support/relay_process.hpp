@@ -184,7 +184,8 @@ struct Sample {
     double value = 0;
 };
 std::vector<Sample> parseMetrics(const std::string& text);
-// The sample with exactly this name and exactly this label set, or nullopt.
+// The sample with exactly this name and exactly this label set; else the sum of the samples
+// whose labels include these (a family split by more labels than asked for); else nullopt.
 std::optional<double> findSample(const std::string& text, const std::string& name,
                                  const Labels& labels);
 std::string formatSeries(const std::string& name, const Labels& labels);  // name{a="b",...}
@@ -243,6 +244,11 @@ inline Labels backend(const std::string& cluster, const std::string& address) {
 
 // ---------------------------------------------------------------------------------------------
 
+struct HttpResponse {
+    int status = 0;
+    std::string body;
+};
+
 struct ListenerInfo {
     std::string name;
     std::string host;  // without brackets: "127.0.0.1" or "::1"
@@ -286,6 +292,8 @@ class RelayProcess {
     const std::vector<ListenerInfo>& listeners() const { return listeners_; }
     uint16_t metricsPort() const { return metrics_port_; }
 
+    // HTTP/1.0 GET `path` on the metrics listener: status and body, or nullopt with `error` set.
+    std::optional<HttpResponse> get(const std::string& path, std::string* error = nullptr) const;
     // HTTP/1.0 GET /metrics on 127.0.0.1:<metrics port>; the body, or nullopt with `error` set.
     std::optional<std::string> scrape(std::string* error = nullptr) const;
     // One sample with exactly these labels, from a fresh scrape.
