@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/loopback.hpp"
@@ -360,6 +362,55 @@ TEST_P(HalfCloseTest, ClientRepliesAfterUpstreamFinAndUpstreamGetsAll) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, HalfCloseTest, ::testing::ValuesIn(kModes), modeName);
+
+// The metrics a connection's life feeds, beyond bytes and closes: bytes under the data path
+// that moved them, the half-closed gauge while one direction is done, the duration histogram
+// at close, and the per-worker and process numbers.
+class ConnectionMetricsTest : public RelayModeTest {};
+
+TEST_P(ConnectionMetricsTest, PathHalfCloseDurationAndProcessNumbers) {
+    // Reads to EOF, then holds its side open until told: the connection stays half closed.
+    std::atomic<bool> release{false};
+    ScriptedUpstream up(AF_INET, [&](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                                     ScriptedUpstream&) {
+        std::string got;
+        rec.read_end = readUntilEof(fd.get(), got, Millis{30'000});
+        rec.bytes_received = got.size();
+        for (int i = 0; i < 3000 && !release.load() && !stop.load(); ++i)
+            std::this_thread::sleep_for(Millis{10});
+    });
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    Connected client = connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    ASSERT_TRUE(sendPayload(client.fd.get(), kSeedA, kMiB).ok());
+    ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
+    EXPECT_TRUE(relay_.waitForMetric("zcrelay_half_closed_connections", metric::listener(), 1));
+    EXPECT_EQ(relay_.metric(metric::kBytesTotal,
+                            {{"listener", "t"}, {"direction", "upstream"}, {"path", mode()}}),
+              static_cast<double>(kMiB))
+        << "every byte under the data path that moved it";
+    release = true;
+    IoResult end = waitForPeerClose(client.fd.get(), Millis{10'000});
+    EXPECT_EQ(end.status, IoStatus::Eof) << end.describe();
+    EXPECT_TRUE(relay_.waitForMetric("zcrelay_half_closed_connections", metric::listener(), 0));
+    EXPECT_TRUE(
+        relay_.waitForMetric("zcrelay_connection_duration_seconds_count", metric::listener(), 1));
+    EXPECT_GT(relay_.metric("zcrelay_connection_duration_seconds_sum", metric::listener())
+                  .value_or(0),
+              0.0);
+    EXPECT_GT(relay_.metric("zcrelay_ring_sqes_submitted_total").value_or(0), 0.0);
+    if (mode() == "splice") {
+        EXPECT_GT(relay_.metric("zcrelay_splice_eagain_total").value_or(0), 0.0)
+            << "a splice direction waits for its socket at least once";
+    }
+    auto fds = relay_.openFdCount();
+    auto exported = relay_.metric("process_open_fds");
+    ASSERT_TRUE(fds && exported);
+    EXPECT_NEAR(*exported, *fds, 4) << "process_open_fds against /proc/PID/fd";
+    EXPECT_EQ(relay_.metric("zcrelay_iowq_workers"), 0.0) << "the data path never blocks in io-wq";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ConnectionMetricsTest, ::testing::ValuesIn(kModes), modeName);
 
 // =============================================================================================
 // 3, 4. Upstream connect failures.
