@@ -1,6 +1,42 @@
 #include "runtime.hpp"
 
+#include <netinet/in.h>
+
+#include <cstring>
+
 namespace zcrelay {
+
+SourceCounts::Key SourceCounts::keyOf(const SocketAddress& a) {
+    Key k{};
+    if (a.family() == AF_INET6) {
+        std::memcpy(k.data(), &reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr, 16);
+    } else if (a.family() == AF_INET) {
+        k[10] = k[11] = 0xff;  // ::ffff:a.b.c.d
+        std::memcpy(k.data() + 12, &reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr, 4);
+    }
+    return k;
+}
+
+size_t SourceCounts::KeyHash::operator()(const Key& k) const {
+    uint64_t hi, lo;
+    std::memcpy(&hi, k.data(), 8);
+    std::memcpy(&lo, k.data() + 8, 8);
+    return std::hash<uint64_t>{}(hi * 0x9e3779b97f4a7c15ull ^ lo);
+}
+
+bool SourceCounts::take(const SocketAddress& a, uint64_t limit) {
+    std::lock_guard lock(mutex_);
+    auto [it, added] = counts_.try_emplace(keyOf(a), 0);
+    if (it->second >= limit) return false;  // not added: limit >= 1 makes a new entry pass
+    ++it->second;
+    return true;
+}
+
+void SourceCounts::give(const SocketAddress& a) {
+    std::lock_guard lock(mutex_);
+    auto it = counts_.find(keyOf(a));
+    if (it != counts_.end() && --it->second == 0) counts_.erase(it);
+}
 
 std::shared_ptr<const Runtime> Runtime::build(Config config, const Runtime* previous,
                                               unsigned workers) {

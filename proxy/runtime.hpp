@@ -83,14 +83,31 @@ struct BackendState {
     Sharded<BackendStats> stats;
 };
 
+// Live connections per client address (the port ignored; IPv4 and its v4-mapped IPv6 form
+// are one client), for max_connections_per_source. Touched once per connection, and only when
+// that limit is set: a mutex there is cheaper than anything lock-free would be to get right.
+class SourceCounts {
+  public:
+    // One more for `a` unless it holds `limit` already; true if counted.
+    bool take(const SocketAddress& a, uint64_t limit);
+    void give(const SocketAddress& a);
+
+  private:
+    using Key = std::array<uint8_t, 16>;
+    struct KeyHash {
+        size_t operator()(const Key& k) const;
+    };
+    static Key keyOf(const SocketAddress& a);
+
+    std::mutex mutex_;
+    std::unordered_map<Key, uint32_t, KeyHash> counts_;
+};
+
 struct ListenerShared {
     explicit ListenerShared(unsigned workers) : stats(workers) {}
     Sharded<ListenerStats> stats;
     std::atomic<uint32_t> live{0};  // connections of this listener now, all workers
-    // Live connections per client address, for max_connections_per_source. Touched once per
-    // connection, and only when that limit is set.
-    std::mutex sources_mutex;
-    std::unordered_map<std::string, uint32_t> sources;
+    SourceCounts sources;
 };
 
 struct BackendRt {

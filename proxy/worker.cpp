@@ -675,40 +675,22 @@ const SocketAddress& Worker::clientAddress(Conn& c) {
 
 bool Worker::admitSource(Conn& c, uint32_t slot) {
     const ListenerRt& lr = c.gen->rt->listeners[c.listener];
-    uint32_t limit = lr.config.max_connections_per_source;
+    uint64_t limit = lr.config.max_connections_per_source;
     if (limit == 0) return true;
-    // The key is the address without its port: one client, many connections.
-    SocketAddress a = clientAddress(c);
-    a.setPort(0);
-    std::string key = a.toString();
-    {
-        std::lock_guard lock(lr.shared->sources_mutex);
-        uint32_t& n = lr.shared->sources[key];
-        if (n >= limit) {
-            if (n == 0) lr.shared->sources.erase(key);
-        } else {
-            ++n;
-            c.counted_source = true;
-        }
+    if (lr.shared->sources.take(clientAddress(c), limit)) {
+        c.counted_source = true;
+        return true;
     }
-    if (!c.counted_source) {
-        LOG_DEBUG("%s: %s is at max_connections_per_source %u", lr.config.name.c_str(), key.c_str(),
-                  limit);
-        closeConn(c, slot, CloseReason::SourceLimit);
-        return false;
-    }
-    return true;
+    LOG_DEBUG("%s: %s is at max_connections_per_source %llu", lr.config.name.c_str(),
+              c.client.toString().c_str(), static_cast<unsigned long long>(limit));
+    closeConn(c, slot, CloseReason::SourceLimit);
+    return false;
 }
 
 void Worker::releaseSource(Conn& c) {
     if (!c.counted_source) return;
     c.counted_source = false;
-    const ListenerRt& lr = c.gen->rt->listeners[c.listener];
-    SocketAddress a = c.client;
-    a.setPort(0);
-    std::lock_guard lock(lr.shared->sources_mutex);
-    auto it = lr.shared->sources.find(a.toString());
-    if (it != lr.shared->sources.end() && --it->second == 0) lr.shared->sources.erase(it);
+    c.gen->rt->listeners[c.listener].shared->sources.give(c.client);
 }
 
 int Worker::pickBackend(Conn& c) {
