@@ -16,6 +16,9 @@ packages=(
   libclang-rt-dev
   # benches and peers
   haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
+  # packaging checks (tests/deploy): cpack's DEB generator (dpkg-shlibdeps, file),
+  # systemd-analyze, the manifest checks' YAML parser
+  dpkg-dev file systemd python3-yaml
 )
 
 if [[ $(id -u) -ne 0 ]]; then
