@@ -235,7 +235,11 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             break;
         case Op::PollOut:
             c.dir[d].poll_out = false;
-            if (c.state == ConnState::Relaying && cqe->res >= 0) pumpSpliceDir(c, ud.slot, d);
+            if (c.state != ConnState::Relaying || cqe->res < 0) break;
+            if (c.dir[d].path == DataPath::Splice)
+                pumpSpliceDir(c, ud.slot, d);
+            else
+                advanceCopy(c, ud.slot, d);  // copy, or a sockmap direction moving passed bytes
             break;
         case Op::Watch:
             onWatch(c, ud.slot, d, cqe->res);
@@ -1611,7 +1615,9 @@ void Worker::onSend(Conn& c, uint32_t slot, int d, int res) {
     dir.send_armed = false;
     if (c.state != ConnState::Relaying) return;
     if (res < 0) {
-        if (res != -EINTR && res != -EAGAIN) {
+        if (res == -EAGAIN) {
+            armPollOut(c, slot, d);  // dst is full: send again once it says it has room
+        } else if (res != -EINTR) {
             failDirection(c, slot, d, false, -res);
             return;
         }

@@ -1185,19 +1185,13 @@ TEST(PrometheusEvaluates, EveryDashboardQueryAndRule) {
     } while (Clock::now() < deadline);
     EXPECT_EQ(rules_seen, readRules(kRulesYml).exprs.size()) << "rules Prometheus loaded";
     for (const std::string& p : problems) ADD_FAILURE() << "rule " << p;
-    // A healthy relay raises no alert, not even a pending one. One exception: the copy data
-    // path sometimes leaves io-wq workers behind after this traffic (zcrelay_iowq_workers 1 or
-    // 2; splice and sockmap never), so ZcrelayIoWqWorkers may be pending here. That is the
-    // alert doing its job on a relay issue, reported; it cannot fire within its 10 m `for`.
+    // A healthy relay raises no alert, not even a pending one (ZcrelayIoWqWorkers included:
+    // the copy path's sends no longer reach io-wq, see pump/copy_pump.cpp).
     auto alerts = prom.query("ALERTS", error);
     ASSERT_TRUE(alerts) << error;
     for (const Json& a : *alerts) {
         const Json* m = a.get("metric");
         if (m == nullptr) continue;
-        if (m->str("alertname") == "ZcrelayIoWqWorkers" && m->str("alertstate") == "pending") {
-            std::cout << "note: ZcrelayIoWqWorkers pending (io-wq workers after copy traffic)\n";
-            continue;
-        }
         ADD_FAILURE() << "alert " << m->str("alertname") << " " << m->str("alertstate");
     }
 

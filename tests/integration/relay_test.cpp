@@ -410,6 +410,43 @@ TEST_P(ConnectionMetricsTest, PathHalfCloseDurationAndProcessNumbers) {
     EXPECT_EQ(relay_.metric("zcrelay_iowq_workers"), 0.0) << "the data path never blocks in io-wq";
 }
 
+
+// Full-duplex echoes keep both directions' sends waiting for room. io_uring hands a send that
+// still finds no room after its own poll fired to an io-wq thread, which then blocks in
+// sendmsg: before copy-path sends went MSG_DONTWAIT with their own POLLOUT wait, this left 1-3
+// iou-wrk threads in copy mode (this test failed 4 runs of 5).
+TEST_P(ConnectionMetricsTest, FullDuplexEchoesStartNoIoWqWorker) {
+    // An echo that reads 1 KiB at a time, as `socat ... EXEC:cat` does through its pipes: slow
+    // enough that the relay's sends towards it keep finding the socket full.
+    ScriptedUpstream up(AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                                    ScriptedUpstream&) {
+        char buf[1024];
+        for (int i = 0; i < 1'000'000 && !stop.load(); ++i) {
+            IoResult r = readSome(fd.get(), buf, sizeof buf, Millis{30'000});
+            if (!r.ok() || r.bytes == 0) break;
+            if (!writeAll(fd.get(), buf, r.bytes, Millis{30'000}).ok()) break;
+            rec.bytes_received += r.bytes;
+        }
+        ::shutdown(fd.get(), SHUT_WR);
+    });
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    std::atomic<int> exact{0};
+    for (int round = 0; round < 4; ++round) {
+        std::vector<std::thread> clients;
+        for (int i = 0; i < 8; ++i) {
+            clients.emplace_back([&, i] {
+                Connected c = connectClient();
+                if (!c.fd) return;
+                ReceiveCheck r = echoRoundTrip(c.fd.get(), kSeedA + i, kMiB, Millis{30'000});
+                if (r.io.status == IoStatus::Eof && r.bytes == kMiB && r.first_mismatch < 0)
+                    ++exact;
+            });
+        }
+        for (auto& t : clients) t.join();
+    }
+    EXPECT_EQ(exact.load(), 32) << "every echo byte-exact";
+    EXPECT_EQ(relay_.metric("zcrelay_iowq_workers"), 0.0);
+}
 INSTANTIATE_TEST_SUITE_P(Modes, ConnectionMetricsTest, ::testing::ValuesIn(kModes), modeName);
 
 // =============================================================================================
