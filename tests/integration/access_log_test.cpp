@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "support/json.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -74,63 +75,18 @@ struct JsonLine {
     double num(const std::string& k) const { return std::strtod(at(k).text.c_str(), nullptr); }
 };
 
-bool parseJsonString(const std::string& s, size_t& i, std::string& out) {
-    if (i >= s.size() || s[i] != '"') return false;
-    for (++i; i < s.size(); ++i) {
-        char c = s[i];
-        if (c == '"') {
-            ++i;
-            return true;
-        }
-        if (c != '\\') {
-            out += c;
-            continue;
-        }
-        if (++i >= s.size()) return false;
-        switch (s[i]) {
-            case 'n':
-                out += '\n';
-                break;
-            case 't':
-                out += '\t';
-                break;
-            case 'r':
-                out += '\r';
-                break;
-            case 'u':
-                if (i + 4 >= s.size()) return false;
-                out += "\\u" + s.substr(i + 1, 4);  // kept escaped: the tests use ASCII only
-                i += 4;
-                break;
-            default:
-                out += s[i];
-        }
-    }
-    return false;
-}
-
 std::optional<JsonLine> parseJsonLine(const std::string& s) {
+    std::string error;
+    std::optional<Json> doc = parseJson(s, error);
+    if (!doc || doc->type != Json::Type::Object) return std::nullopt;
     JsonLine line;
-    size_t i = 0;
-    if (s.empty() || s[i++] != '{') return std::nullopt;
-    while (i < s.size() && s[i] != '}') {
-        std::string key;
-        if (!parseJsonString(s, i, key) || i >= s.size() || s[i++] != ':') return std::nullopt;
+    for (const auto& [key, value] : doc->object) {
         JsonValue v;
-        if (i < s.size() && s[i] == '"') {
-            v.quoted = true;
-            if (!parseJsonString(s, i, v.text)) return std::nullopt;
-        } else {
-            size_t start = i;
-            while (i < s.size() && s[i] != ',' && s[i] != '}') ++i;
-            v.text = s.substr(start, i - start);
-            if (v.text.empty()) return std::nullopt;
-        }
+        v.quoted = value.type == Json::Type::String;
+        v.text = v.quoted ? value.string : value.type == Json::Type::Null ? "null" : value.raw;
         line.keys.push_back(key);
         line.values[key] = v;
-        if (i < s.size() && s[i] == ',') ++i;
     }
-    if (i + 1 != s.size()) return std::nullopt;  // "}" ends the line
     return line;
 }
 

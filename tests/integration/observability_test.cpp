@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/json.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -52,192 +53,6 @@ const std::string kRulesTestYml = kSourceDir + "/deploy/prometheus/zcrelay.rules
 const std::string kDashboardJson = kSourceDir + "/deploy/grafana/zcrelay.json";
 // The target deploy/prometheus/prometheus.yml scrapes: zcrelay's default metrics.listen.
 const std::string kDefaultTarget = "targets: [\"127.0.0.1:9100\"]";
-
-// =============================================================================================
-// A JSON reader, enough for a Grafana dashboard and Prometheus API answers: RFC 8259 values,
-// \u escapes of the BMP as UTF-8 (surrogate pairs are kept as two 3-byte sequences: no text
-// compared here needs them), nesting bounded so a broken file cannot overflow the stack.
-
-struct Json {
-    enum class Type { Null, Bool, Number, String, Array, Object };
-    Type type = Type::Null;
-    bool boolean = false;
-    double number = 0;
-    std::string string;
-    std::vector<Json> array;
-    std::vector<std::pair<std::string, Json>> object;  // in file order
-
-    const Json* get(std::string_view key) const {
-        if (type != Type::Object) return nullptr;
-        for (const auto& [k, v] : object)
-            if (k == key) return &v;
-        return nullptr;
-    }
-    // The string member `key`, or "" when absent or not a string.
-    std::string str(std::string_view key) const {
-        const Json* v = get(key);
-        return v != nullptr && v->type == Type::String ? v->string : std::string();
-    }
-    const std::vector<Json>& items(std::string_view key) const {
-        static const std::vector<Json> kNone;
-        const Json* v = get(key);
-        return v != nullptr && v->type == Type::Array ? v->array : kNone;
-    }
-};
-
-class JsonReader {
-  public:
-    explicit JsonReader(std::string_view text) : t_(text) {}
-
-    std::optional<Json> read(std::string& error) {
-        Json v;
-        if (!value(v, 0) || (space(), i_ != t_.size())) {
-            error = error_.empty() ? "trailing text" : error_;
-            error += " at offset " + std::to_string(i_);
-            return std::nullopt;
-        }
-        return v;
-    }
-
-  private:
-    static constexpr int kMaxDepth = 64;
-
-    bool fail(const char* why) {
-        if (error_.empty()) error_ = why;
-        return false;
-    }
-    void space() {
-        while (i_ < t_.size() && std::isspace(static_cast<unsigned char>(t_[i_]))) ++i_;
-    }
-    bool literal(std::string_view word) {
-        if (t_.substr(i_, word.size()) != word) return fail("bad literal");
-        i_ += word.size();
-        return true;
-    }
-    bool value(Json& out, int depth) {
-        if (depth > kMaxDepth) return fail("nested too deep");
-        space();
-        if (i_ >= t_.size()) return fail("unexpected end");
-        char c = t_[i_];
-        if (c == '{') return object(out, depth);
-        if (c == '[') return array(out, depth);
-        if (c == '"') {
-            out.type = Json::Type::String;
-            return string(out.string);
-        }
-        if (c == 't' || c == 'f') {
-            out.type = Json::Type::Bool;
-            out.boolean = c == 't';
-            return literal(c == 't' ? "true" : "false");
-        }
-        if (c == 'n') return literal("null");
-        return number(out);
-    }
-    bool number(Json& out) {
-        size_t start = i_;
-        while (i_ < t_.size() && (std::isdigit(static_cast<unsigned char>(t_[i_])) ||
-                                  std::strchr("+-.eE", t_[i_]) != nullptr))
-            ++i_;
-        std::string text(t_.substr(start, i_ - start));
-        if (text.empty()) return fail("unexpected character");
-        char* end = nullptr;
-        out.type = Json::Type::Number;
-        out.number = std::strtod(text.c_str(), &end);
-        return *end == '\0' || fail("bad number");
-    }
-    bool string(std::string& out) {
-        ++i_;  // the opening quote
-        while (i_ < t_.size()) {
-            char c = t_[i_++];
-            if (c == '"') return true;
-            if (c != '\\') {
-                out += c;
-                continue;
-            }
-            if (i_ >= t_.size()) break;
-            char e = t_[i_++];
-            switch (e) {
-                case 'n':
-                    out += '\n';
-                    break;
-                case 't':
-                    out += '\t';
-                    break;
-                case 'r':
-                    out += '\r';
-                    break;
-                case 'b':
-                    out += '\b';
-                    break;
-                case 'f':
-                    out += '\f';
-                    break;
-                case 'u': {
-                    if (i_ + 4 > t_.size()) return fail("short \\u escape");
-                    unsigned cp = 0;
-                    auto [p, ec] = std::from_chars(t_.data() + i_, t_.data() + i_ + 4, cp, 16);
-                    if (ec != std::errc{} || p != t_.data() + i_ + 4) return fail("bad \\u");
-                    i_ += 4;
-                    if (cp < 0x80) {
-                        out += static_cast<char>(cp);
-                    } else if (cp < 0x800) {
-                        out += static_cast<char>(0xC0 | (cp >> 6));
-                        out += static_cast<char>(0x80 | (cp & 0x3F));
-                    } else {
-                        out += static_cast<char>(0xE0 | (cp >> 12));
-                        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-                        out += static_cast<char>(0x80 | (cp & 0x3F));
-                    }
-                    break;
-                }
-                default:
-                    out += e;
-                    break;  // \" \\ \/
-            }
-        }
-        return fail("unterminated string");
-    }
-    bool array(Json& out, int depth) {
-        out.type = Json::Type::Array;
-        ++i_;
-        space();
-        if (i_ < t_.size() && t_[i_] == ']') return ++i_, true;
-        while (true) {
-            out.array.emplace_back();
-            if (!value(out.array.back(), depth + 1)) return false;
-            space();
-            if (i_ >= t_.size()) return fail("unterminated array");
-            char c = t_[i_++];
-            if (c == ']') return true;
-            if (c != ',') return fail("expected , or ]");
-        }
-    }
-    bool object(Json& out, int depth) {
-        out.type = Json::Type::Object;
-        ++i_;
-        space();
-        if (i_ < t_.size() && t_[i_] == '}') return ++i_, true;
-        while (true) {
-            space();
-            if (i_ >= t_.size() || t_[i_] != '"') return fail("expected a key");
-            std::string key;
-            if (!string(key)) return false;
-            space();
-            if (i_ >= t_.size() || t_[i_++] != ':') return fail("expected :");
-            out.object.emplace_back(std::move(key), Json{});
-            if (!value(out.object.back().second, depth + 1)) return false;
-            space();
-            if (i_ >= t_.size()) return fail("unterminated object");
-            char c = t_[i_++];
-            if (c == '}') return true;
-            if (c != ',') return fail("expected , or }");
-        }
-    }
-
-    std::string_view t_;
-    size_t i_ = 0;
-    std::string error_;
-};
 
 // =============================================================================================
 // The metric names a PromQL expression selects. Not a PromQL parser: a scan that skips strings,
@@ -382,7 +197,7 @@ std::optional<Json> readDashboard(std::string& error) {
         error = "cannot read " + kDashboardJson;
         return std::nullopt;
     }
-    return JsonReader(text).read(error);
+    return parseJson(text, error);
 }
 
 // Top-level panels and the panels of collapsed rows (an expanded row's panels follow it at the
@@ -744,7 +559,7 @@ class Prometheus {
     std::optional<Json> api(const std::string& target, std::string& error) const {
         auto answer = httpGet(port_, target, error);
         if (!answer) return std::nullopt;
-        std::optional<Json> doc = JsonReader(answer->body).read(error);
+        std::optional<Json> doc = parseJson(answer->body, error);
         if (!doc) {
             error = "HTTP " + std::to_string(answer->status) + ", not JSON (" + error +
                     "): " + answer->body.substr(0, 300);

@@ -339,9 +339,15 @@ TEST_P(SendProxyOverrideTest, BackendSettingOverridesCluster) {
         ASSERT_TRUE(src && dst);
         size_t before[3] = {a.accepted(), b.accepted(), c.accepted()};
         ASSERT_NO_FATAL_FAILURE(sendThenFinish(client.fd.get(), "", 64 * kKiB));
+        // The relay has connected, but a backend's accept thread may not have counted it yet.
         ScriptedUpstream* which = nullptr;
-        for (int k = 0; k < 3; ++k)
-            if (backends[k]->accepted() == before[k] + 1) which = backends[k];
+        waitUntil(
+            [&] {
+                for (int k = 0; k < 3; ++k)
+                    if (backends[k]->accepted() == before[k] + 1) which = backends[k];
+                return which != nullptr;
+            },
+            Millis{5'000});
         ASSERT_NE(which, nullptr) << "connection " << i << " reached no backend";
         expected[which] = which == &a   ? v1Header(*src, *dst)
                           : which == &b ? std::string()

@@ -17,8 +17,13 @@
 #include <thread>
 #include <vector>
 
+#include "support/json.hpp"
+
 namespace zcrelay {
 namespace {
+
+using test::Json;
+using test::parseJson;
 
 // 2026-11-22T18:06:19.123456Z
 constexpr int64_t kStartUs = 1795370779LL * 1'000'000 + 123456;
@@ -49,122 +54,30 @@ std::string format(const AccessRecord& r, AccessLogFormat f) {
 // A JSON value as the tests need it: strings decoded, numbers as their text, null as nullopt.
 using JsonObject = std::map<std::string, std::optional<std::string>>;
 
-// Just enough JSON to check our own lines: one flat object of strings, numbers and null. Strict
-// where the access log could go wrong (escapes, raw control characters, trailing bytes).
-class FlatJsonParser {
-  public:
-    explicit FlatJsonParser(std::string_view text) : text_(text) {}
-
-    std::optional<JsonObject> parse() {
-        JsonObject object;
-        if (!eat('{')) return std::nullopt;
-        if (eat('}')) return finish(object);
-        do {
-            auto key = string();
-            if (!key || !eat(':')) return std::nullopt;
-            std::optional<std::string> value;
-            if (peek() == '"') {
-                value = string();
-                if (!value) return std::nullopt;
-            } else if (text_.substr(pos_, 4) == "null") {
-                pos_ += 4;
-            } else {
-                const size_t start = pos_;
-                while (pos_ < text_.size() &&
-                       (std::isdigit(text_[pos_]) || text_[pos_] == '.' || text_[pos_] == '-')) {
-                    ++pos_;
-                }
-                if (pos_ == start) return std::nullopt;
-                value = std::string(text_.substr(start, pos_ - start));
-            }
-            if (!object.emplace(*key, value).second) return std::nullopt;  // duplicate key
-        } while (eat(','));
-        if (!eat('}')) return std::nullopt;
-        return finish(object);
-    }
-
-  private:
-    char peek() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
-    bool eat(char c) {
-        if (peek() != c) return false;
-        ++pos_;
-        return true;
-    }
-    std::optional<JsonObject> finish(JsonObject& object) {
-        if (pos_ != text_.size()) return std::nullopt;
-        return std::move(object);
-    }
-    static void appendUtf8(std::string& out, unsigned cp) {
-        if (cp < 0x80) {
-            out += static_cast<char>(cp);
-        } else if (cp < 0x800) {
-            out += static_cast<char>(0xC0 | (cp >> 6));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        } else {
-            out += static_cast<char>(0xE0 | (cp >> 12));
-            out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-            out += static_cast<char>(0x80 | (cp & 0x3F));
-        }
-    }
-    std::optional<std::string> string() {
-        if (!eat('"')) return std::nullopt;
-        std::string out;
-        while (pos_ < text_.size()) {
-            const char c = text_[pos_++];
-            if (c == '"') return out;
-            if (static_cast<unsigned char>(c) < 0x20) return std::nullopt;  // must be escaped
-            if (c != '\\') {
-                out += c;
-                continue;
-            }
-            const char e = peek();
-            ++pos_;
-            switch (e) {
-                case '"':
-                    out += '"';
-                    break;
-                case '\\':
-                    out += '\\';
-                    break;
-                case '/':
-                    out += '/';
-                    break;
-                case 'b':
-                    out += '\b';
-                    break;
-                case 'f':
-                    out += '\f';
-                    break;
-                case 'n':
-                    out += '\n';
-                    break;
-                case 'r':
-                    out += '\r';
-                    break;
-                case 't':
-                    out += '\t';
-                    break;
-                case 'u': {
-                    if (pos_ + 4 > text_.size()) return std::nullopt;
-                    appendUtf8(out, std::stoul(std::string(text_.substr(pos_, 4)), nullptr, 16));
-                    pos_ += 4;
-                    break;
-                }
-                default:
-                    return std::nullopt;
-            }
-        }
-        return std::nullopt;
-    }
-
-    std::string_view text_;
-    size_t pos_ = 0;
-};
-
+// One line of ours: a flat object of strings, numbers and null, ending in a newline.
 std::optional<JsonObject> parseLine(std::string_view line) {
     if (line.empty() || line.back() != '\n') return std::nullopt;
     line.remove_suffix(1);
-    return FlatJsonParser(line).parse();
+    std::string error;
+    std::optional<Json> doc = parseJson(line, error);
+    if (!doc || doc->type != Json::Type::Object) return std::nullopt;
+    JsonObject object;
+    for (const auto& [key, value] : doc->object) {
+        switch (value.type) {
+            case Json::Type::Null:
+                object[key] = std::nullopt;
+                break;
+            case Json::Type::String:
+                object[key] = value.string;
+                break;
+            case Json::Type::Number:
+                object[key] = value.raw;
+                break;
+            default:
+                return std::nullopt;  // the access log writes no bool, array or object
+        }
+    }
+    return object;
 }
 
 // A fresh directory per test, removed with its files at the end.
