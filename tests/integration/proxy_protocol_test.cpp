@@ -332,12 +332,13 @@ TEST_P(SendProxyOverrideTest, BackendSettingOverridesCluster) {
     ScriptedUpstream* backends[] = {&a, &b, &c};
     std::map<ScriptedUpstream*, std::string> expected;  // backend -> the header it must read
     for (int i = 0; i < 3; ++i) {
+        // Counted before the client connects: the relay may reach its backend at once.
+        size_t before[3] = {a.accepted(), b.accepted(), c.accepted()};
         Connected client = connectClient();
         ASSERT_TRUE(client.fd) << client.error;
         std::optional<Endpoint> src = socketEndpoint(client.fd.get(), false);
         std::optional<Endpoint> dst = socketEndpoint(client.fd.get(), true);
         ASSERT_TRUE(src && dst);
-        size_t before[3] = {a.accepted(), b.accepted(), c.accepted()};
         ASSERT_NO_FATAL_FAILURE(sendThenFinish(client.fd.get(), "", 64 * kKiB));
         // The relay has connected, but a backend's accept thread may not have counted it yet.
         ScriptedUpstream* which = nullptr;
