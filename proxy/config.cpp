@@ -113,6 +113,7 @@ struct Key {
     uint64_t min = 0;  // inclusive range: counts, bytes for sizes, milliseconds for durations
     uint64_t max = 0;
     std::string_view help;  // one line, for the example config
+    bool zero_is_unset = false;  // 0 means "not set" (resolved later) and renders as absent
 };
 
 constexpr uint64_t ms(Duration d) { return static_cast<uint64_t>(d.count()); }
@@ -125,7 +126,8 @@ const Key<Config> kTopKeys[] = {
      .member = &Config::workers,
      .min = 1,
      .max = 256,
-     .help = "worker threads, one io_uring each; unset: one per online CPU"},
+     .help = "worker threads, one io_uring each; unset: one per online CPU",
+     .zero_is_unset = true},
     {.name = "drain_timeout",
      .kind = Kind::Duration,
      .member = &Config::drain_timeout,
@@ -812,7 +814,10 @@ std::string yamlQuoted(std::string_view text) {
             out += "\\r";
         } else if (c == '\t') {
             out += "\\t";
-        } else if (c < 0x20 || c >= 0x7f) {
+        } else if (c < 0x20 || c == 0x7f) {
+            // Not for bytes >= 0x80: YAML's \xNN is the code point U+00NN, which reads back as
+            // two UTF-8 bytes. They came out of a YAML document as they are; written back as
+            // they are, they read back the same (found by tests/fuzz/config_fuzz.cpp).
             char hex[5];
             std::snprintf(hex, sizeof hex, "\\x%02x", c);
             out += hex;
@@ -827,7 +832,8 @@ template <class T>
 std::string renderValue(const T& target, const Key<T>& key) {
     const auto show = [&](const auto& value) -> std::string {
         using V = std::decay_t<decltype(value)>;
-        if constexpr (std::is_same_v<V, unsigned>) return value == 0 ? "" : std::to_string(value);
+        if constexpr (std::is_same_v<V, unsigned>)
+            return value == 0 && key.zero_is_unset ? "" : std::to_string(value);
         if constexpr (std::is_same_v<V, uint64_t>)
             return key.kind == Kind::Size ? formatSize(value) : std::to_string(value);
         if constexpr (std::is_same_v<V, Duration>) return formatDuration(value);

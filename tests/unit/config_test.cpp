@@ -435,3 +435,32 @@ TEST(ClusterConfig, RendersBackToAnEqualConfig) {
 
 }  // namespace
 }  // namespace zcrelay
+
+// Found by tests/fuzz/config_fuzz.cpp: what renders must load back equal.
+namespace zcrelay {
+namespace {
+
+TEST(RenderConfig, ZeroCountsRenderAsZeroNotAsUnset) {
+    const Config c = loadConfigString(
+        "clusters: [{name: a, retries: 0, max_fails: 0, backends: [{address: 127.0.0.1:2}]}]\n"
+        "listeners: [{listen: 127.0.0.1:1, cluster: a}]\n",
+        "t.yaml");
+    ASSERT_EQ(c.clusters.at(0).retries, 0u);
+    const Config again = loadConfigString(renderConfig(c), "<rendered>");
+    EXPECT_EQ(again.clusters.at(0).retries, 0u) << renderConfig(c);
+    EXPECT_EQ(again.clusters.at(0).max_fails, 0u);
+    expectSameConfig(again, c);
+}
+
+TEST(RenderConfig, HighBytesInStringsRoundTripExactly) {
+    const std::string yaml =
+        "clusters: [{name: a, health_check: {send: \"PING\\r\xff\xfe\\n\", expect: \"\xc3\xa9\"}, "
+        "backends: [{address: 127.0.0.1:2}]}]\n"
+        "listeners: [{listen: 127.0.0.1:1, cluster: a}]\n";
+    const Config c = loadConfigString(yaml, "t.yaml");
+    ASSERT_EQ(c.clusters.at(0).health_check.send, "PING\r\xff\xfe\n");
+    expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+}
+
+}  // namespace
+}  // namespace zcrelay
