@@ -162,9 +162,7 @@ void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
         st.checks_passed.fetch_add(1, std::memory_order_relaxed);
         st.check_fails.store(0, std::memory_order_relaxed);
         uint32_t passes = st.check_passes.fetch_add(1, std::memory_order_relaxed) + 1;
-        bool was_down = false;
-        if (passes >= hc.rise && st.up.compare_exchange_strong(was_down, true)) {
-            st.went_up.fetch_add(1, std::memory_order_relaxed);
+        if (passes >= hc.rise && st.markUp(true)) {
             st.failure_streak.store(0, std::memory_order_relaxed);
             LOG_INFO("cluster %s: backend %s up (%u checks passed)", cluster, backend, passes);
         }
@@ -172,9 +170,7 @@ void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
         st.checks_failed.fetch_add(1, std::memory_order_relaxed);
         st.check_passes.store(0, std::memory_order_relaxed);
         uint32_t fails = st.check_fails.fetch_add(1, std::memory_order_relaxed) + 1;
-        bool was_up = true;
-        if (fails >= hc.fall && st.up.compare_exchange_strong(was_up, false)) {
-            st.went_down.fetch_add(1, std::memory_order_relaxed);
+        if (fails >= hc.fall && st.markUp(false)) {
             LOG_WARN("cluster %s: backend %s down (%u checks failed, last: %s)", cluster, backend,
                      fails, why);
         }

@@ -46,6 +46,18 @@ class Family {
         f_.metric.push_back(std::move(m));
         return *this;
     }
+    // The same, summed over the workers' shards of one UsHistogram (µs sum in seconds).
+    template <size_t N, class Shards, class Get>
+    Family& addShardedHistogram(std::vector<ClientMetric::Label> labels,
+                                const std::array<double, N>& bounds, const Shards& shards,
+                                Get histogram) {
+        std::array<uint64_t, N + 1> counts{};
+        for (size_t b = 0; b <= N; ++b)
+            counts[b] = shards.sum([&](const auto& s) { return histogram(s).buckets[b].get(); });
+        double sum_us = static_cast<double>(
+            shards.sum([&](const auto& s) { return histogram(s).sum_us.get(); }));
+        return addHistogram(std::move(labels), bounds, counts, sum_us / 1e6);
+    }
     Family& add(std::vector<ClientMetric::Label> labels, double value) {
         ClientMetric m;
         m.label = std::move(labels);
@@ -119,15 +131,15 @@ class Collector : public prometheus::Collectable {
         static constexpr const char* kCauses[] = {"socket_empty", "pipe_full"};
         for (int d = 0; d < 2; ++d) {
             for (int cause = 0; cause < 2; ++cause) {
-                eagain.add({{"direction", d == 0 ? "upstream" : "downstream"},
-                            {"cause", kCauses[cause]}},
-                           sum([d, cause](const WorkerStats& w) {
-                               return w.splice_eagain[d][cause].get();
-                           }));
+                eagain.add(
+                    {{"direction", d == 0 ? "upstream" : "downstream"}, {"cause", kCauses[cause]}},
+                    sum([d, cause](const WorkerStats& w) {
+                        return w.splice_eagain[d][cause].get();
+                    }));
             }
         }
-        Family sqes("zcrelay_ring_sqes_submitted_total",
-                    "SQEs each worker's io_uring submitted.", MetricType::Counter);
+        Family sqes("zcrelay_ring_sqes_submitted_total", "SQEs each worker's io_uring submitted.",
+                    MetricType::Counter);
         Family overflow("zcrelay_ring_cq_overflow_total",
                         "CQEs each worker's io_uring held back because its CQ ring was full "
                         "(the kernel's count).",
@@ -184,10 +196,29 @@ class Collector : public prometheus::Collectable {
                        MetricType::Counter);
         dropped.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
 
-        for (Family* f : {&fallbacks, &per_worker, &in_use, &cached, &pipes_capacity,
-                          &sockmap_sockets, &paused, &eagain, &sqes, &overflow, &threads, &iowq,
-                          &fds, &max_fds, &rss, &vsz, &cpu, &started, &draining, &info,
-                          &generation, &reloads, &dropped})
+        for (Family* f : {&fallbacks,
+                          &per_worker,
+                          &in_use,
+                          &cached,
+                          &pipes_capacity,
+                          &sockmap_sockets,
+                          &paused,
+                          &eagain,
+                          &sqes,
+                          &overflow,
+                          &threads,
+                          &iowq,
+                          &fds,
+                          &max_fds,
+                          &rss,
+                          &vsz,
+                          &cpu,
+                          &started,
+                          &draining,
+                          &info,
+                          &generation,
+                          &reloads,
+                          &dropped})
             out.push_back(f->take());
         return out;
     }
@@ -284,12 +315,9 @@ class Collector : public prometheus::Collectable {
                               sum([d, p](const ListenerStats& s) { return s.bytes[d][p].get(); }));
                 }
             }
-            std::array<uint64_t, kDurationBuckets.size() + 1> counts{};
-            for (size_t b = 0; b < counts.size(); ++b)
-                counts[b] = st.sum([b](const ListenerStats& s) { return s.duration[b].get(); });
-            duration.addHistogram({{"listener", name}}, kDurationBuckets, counts,
-                                  sum([](const ListenerStats& s) { return s.duration_us.get(); }) /
-                                      1e6);
+            duration.addShardedHistogram(
+                {{"listener", name}}, kDurationBuckets, st,
+                [](const ListenerStats& s) -> const auto& { return s.duration; });
             half_closed.add({{"listener", name}},
                             sum([](const ListenerStats& s) { return s.half_closed.get(); }));
             sockmap_conns.add({{"listener", name}}, sum([](const ListenerStats& s) {
@@ -317,8 +345,8 @@ class Collector : public prometheus::Collectable {
             }
         }
         for (Family* f : {&conns, &active, &bytes, &duration, &half_closed, &failures, &closed,
-                          &rejected, &proxy_errors, &datapath, &sockmap_conns,
-                          &sockmap_fallbacks, &catchups, &copied, &replays, &skipped})
+                          &rejected, &proxy_errors, &datapath, &sockmap_conns, &sockmap_fallbacks,
+                          &catchups, &copied, &replays, &skipped})
             out.push_back(f->take());
     }
 
@@ -371,13 +399,9 @@ class Collector : public prometheus::Collectable {
                           sum([](const BackendStats& s) { return s.bytes_upstream.get(); }));
                 bytes.add(with("direction", "downstream"),
                           sum([](const BackendStats& s) { return s.bytes_downstream.get(); }));
-                std::array<uint64_t, kConnectBuckets.size() + 1> counts{};
-                for (size_t i = 0; i < counts.size(); ++i)
-                    counts[i] = st.stats.sum(
-                        [i](const BackendStats& s) { return s.connect_time[i].get(); });
-                connect_time.addHistogram(
-                    labels, kConnectBuckets, counts,
-                    sum([](const BackendStats& s) { return s.connect_time_us.get(); }) / 1e6);
+                connect_time.addShardedHistogram(
+                    labels, kConnectBuckets, st.stats,
+                    [](const BackendStats& s) -> const auto& { return s.connect_time; });
                 if (c.config.health_check.enabled) {
                     checks.add(with("result", "passed"),
                                static_cast<double>(st.checks_passed.load()));

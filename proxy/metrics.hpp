@@ -18,7 +18,6 @@
 #include "proxy_protocol.hpp"
 #include "reasons.hpp"
 
-
 namespace zcrelay {
 
 struct Runtime;
@@ -45,6 +44,21 @@ enum class ProxyFailure : uint8_t { ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Time
 inline constexpr std::array<std::string_view, idx(ProxyFailure::kCount)> kProxyFailureLabels{
     ZCRELAY_PROXY_ERRORS(ZCRELAY_LABEL_ITEM) "timeout", "eof"};
 
+// A histogram of microsecond observations against upper bounds in seconds: per-bucket counts
+// (not cumulative; the last is +Inf) and the sum, each with one writer like StatCounter.
+template <size_t N>
+struct UsHistogram {
+    std::array<StatCounter, N + 1> buckets;
+    StatCounter sum_us;
+
+    void observe(const std::array<double, N>& bounds, uint64_t us) {
+        size_t b = 0;
+        while (b<N&& static_cast<double>(us)> bounds[b] * 1e6) ++b;
+        buckets[b].add();
+        sum_us.add(us);
+    }
+};
+
 // Upper bounds (seconds) of the connection duration histogram: 1 ms to an hour, the span from
 // a health probe to a long-lived tunnel (peers-and-pitfalls.md 4.3).
 inline constexpr std::array<double, 16> kDurationBuckets = {
@@ -57,10 +71,9 @@ struct ListenerStats {
     // [direction][data path]: direction 0 is client -> upstream, 1 upstream -> client; the
     // path is the DataPath that moved them (kPathLabels).
     std::array<std::array<StatCounter, kPathLabels.size()>, 2> bytes;
-    std::array<StatCounter, kDurationBuckets.size() + 1> duration;  // per-bucket; last: +Inf
-    StatCounter duration_us;        // the histogram's sum
-    StatCounter half_closed;        // gauge: one direction finished, the other still flowing
-    StatCounter rejected_draining;  // accepted while draining, closed at once
+    UsHistogram<kDurationBuckets.size()> duration;  // accept to close
+    StatCounter half_closed;          // gauge: one direction finished, the other still flowing
+    StatCounter rejected_draining;    // accepted while draining, closed at once
     StatCounter sockmap_connections;  // connections whose sockets entered the sockmap
     std::array<StatCounter, idx(CloseReason::kCount)> closed;
     std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;

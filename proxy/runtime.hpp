@@ -62,8 +62,7 @@ struct BackendStats {
     std::array<StatCounter, idx(ConnectFailure::kCount)> connect_failures;
     StatCounter bytes_upstream;
     StatCounter bytes_downstream;
-    std::array<StatCounter, kConnectBuckets.size() + 1> connect_time;  // last: +Inf
-    StatCounter connect_time_us;                                       // the histogram's sum
+    UsHistogram<kConnectBuckets.size()> connect_time;
 };
 
 struct BackendState {
@@ -81,6 +80,16 @@ struct BackendState {
     std::atomic<uint64_t> went_up{0};
     std::atomic<uint64_t> went_down{0};
     Sharded<BackendStats> stats;
+
+    // Health checks, passive ejection and its timeout all switch `up` through this; any
+    // worker may, so the switch is a compare-and-swap. True if this call changed it (and
+    // counted the transition); false if it already was so.
+    bool markUp(bool to) {
+        bool from = !to;
+        if (!up.compare_exchange_strong(from, to)) return false;
+        (to ? went_up : went_down).fetch_add(1, std::memory_order_relaxed);
+        return true;
+    }
 };
 
 // Live connections per client address (the port ignored; IPv4 and its v4-mapped IPv6 form

@@ -571,9 +571,7 @@ void Worker::restoreEjected() {
             if (st.up.load(std::memory_order_relaxed) ||
                 now_ms_ < st.ejected_until_ms.load(std::memory_order_relaxed))
                 continue;
-            bool was_down = false;
-            if (st.up.compare_exchange_strong(was_down, true)) {
-                st.went_up.fetch_add(1, std::memory_order_relaxed);
+            if (st.markUp(true)) {
                 st.failure_streak.store(0, std::memory_order_relaxed);
                 LOG_INFO("cluster %s: backend %s back up after fail_timeout",
                          cl.config.name.c_str(), b.key.c_str());
@@ -810,9 +808,7 @@ void Worker::onConnectFailed(Conn& c, uint32_t slot, int err) {
                           ? 0
                           : be.state->failure_streak.fetch_add(1, std::memory_order_relaxed) + 1;
     if (cl.config.max_fails > 0 && streak >= cl.config.max_fails && cl.backends.size() > 1) {
-        bool was_up = true;
-        if (be.state->up.compare_exchange_strong(was_up, false)) {
-            be.state->went_down.fetch_add(1, std::memory_order_relaxed);
+        if (be.state->markUp(false)) {
             be.state->check_passes.store(0, std::memory_order_relaxed);
             be.state->ejected_until_ms.store(now_ms_ + cl.config.fail_timeout.count(),
                                              std::memory_order_relaxed);
@@ -975,12 +971,7 @@ void Worker::onConnect(Conn& c, uint32_t slot, int res) {
     BackendStats& bs = be.state->stats[id_];
     c.connect_us = monotonicUs() - c.connect_start_us;
     bs.connections.add();
-    size_t bucket = 0;
-    while (bucket < kConnectBuckets.size() &&
-           static_cast<double>(c.connect_us) > kConnectBuckets[bucket] * 1e6)
-        ++bucket;
-    bs.connect_time[bucket].add();
-    bs.connect_time_us.add(static_cast<uint64_t>(c.connect_us));
+    bs.connect_time.observe(kConnectBuckets, static_cast<uint64_t>(c.connect_us));
     be.state->failure_streak.store(0, std::memory_order_relaxed);
     be.state->active.fetch_add(1, std::memory_order_relaxed);
     c.state = ConnState::Relaying;
@@ -1049,12 +1040,8 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.counted_active) {
         ListenerStats& ls = lstats(c);
         ls.closed[idx(reason)].add();
-        uint64_t us = static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.accepted_mono_us));
-        size_t bucket = 0;
-        while (bucket < kDurationBuckets.size() && static_cast<double>(us) > kDurationBuckets[bucket] * 1e6)
-            ++bucket;
-        ls.duration[bucket].add();
-        ls.duration_us.add(us);
+        ls.duration.observe(kDurationBuckets, static_cast<uint64_t>(std::max<int64_t>(
+                                                  0, monotonicUs() - c.accepted_mono_us)));
         c.counted_active = false;
         if (process_.access_log != nullptr) logConnection(c, reason);
     }
