@@ -1538,7 +1538,8 @@ void Worker::advanceCopy(Conn& c, uint32_t slot, int d) {
         dir.send_armed = true;
     }
     if (next.arm_recv) {
-        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_);
+        prepCopyRecv(sqeFor(c, slot, Op::Recv, d), c.fd[d], *bufs_,
+                     dir.path == DataPath::Sockmap ? RecvWait::Caller : RecvWait::Kernel);
         dir.recv_armed = true;
     }
     if (dir.queue.full() && !dir.recv_armed) armWatch(c, slot, d);
@@ -1571,13 +1572,15 @@ void Worker::onRecv(Conn& c, uint32_t slot, int d, int res, uint32_t flags) {
         }
     } else {
         if (has_buffer) bufs_->recycle(bid);
-        if (res == 0 && dir.path == DataPath::Sockmap && hasPassedBytes(c, d)) {
+        if ((res == 0 || res == -EAGAIN) && dir.path == DataPath::Sockmap &&
+            hasPassedBytes(c, d)) {
             // Not the end yet. A passed skb that finds its psock's queue busy (with the other
             // direction's bytes on their way out of this socket) is delivered later by the
             // psock worker, and the FIN behind it can be seen first: recvmsg() returns 0
             // while the program's count says bytes are missing (measured, 1 in ~30 runs of
             // 200 concurrent echoes). The recv would keep returning 0 at once, so look again
-            // on a timer until they arrived.
+            // on a timer until they arrived. -EAGAIN: the same bytes, not yet on the psock's
+            // queue (RecvWait::Caller).
             armBarrier(c, slot, d, true);
             return;
         }

@@ -4,10 +4,11 @@
 
 namespace zcrelay {
 
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs) {
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait) {
     // No buffer address: IOSQE_BUFFER_SELECT lets the kernel pick one from the group when data
     // is actually there, so a waiting recv pins no memory.
-    io_uring_prep_recv(sqe, src, nullptr, bufs.bufferSize(), 0);
+    io_uring_prep_recv(sqe, src, nullptr, bufs.bufferSize(),
+                       wait == RecvWait::Caller ? MSG_DONTWAIT : 0);
     sqe->flags |= IOSQE_BUFFER_SELECT;
     sqe->buf_group = bufs.group();
 }

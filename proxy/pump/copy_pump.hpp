@@ -16,7 +16,14 @@
 
 namespace zcrelay {
 
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs);
+// Who waits when src has nothing to read. Kernel: io_uring arms its own poll and retries. That
+// fails on a sockmap socket whose passed bytes are still in the psock's backlog: poll says
+// readable (the bytes arrived) while recvmsg finds the psock's queue empty, and after 128 such
+// retries io_uring hands the recv to an io-wq thread that blocks (1 in 10 runs of
+// ConnectionMetricsTest.FullDuplexEchoesStartNoIoWqWorker/sockmap, io_uring_queue_async_work
+// opcode RECV). Caller: MSG_DONTWAIT, the recv completes with -EAGAIN and the worker waits.
+enum class RecvWait : uint8_t { Kernel, Caller };
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait);
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk);
 
 // What a copy direction should have in flight next, given its queue.
