@@ -22,13 +22,7 @@ void Worker::setUpChecks() {
     // (generation mismatch). The backends' streaks live in BackendState and carry over.
     for (Check& ck : checks_) {
         if (ck.fd < 0) continue;
-        io_uring_sqe* sqe = ring_->sqe();
-        io_uring_prep_cancel_fd(sqe, ck.fd, IORING_ASYNC_CANCEL_ALL);
-        sqe->flags |= IOSQE_IO_HARDLINK;
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
-        sqe = ring_->sqe();
-        io_uring_prep_close(sqe, ck.fd);
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        ring_->cancelAndClose(ck.fd);
     }
     retired_checks_ = std::move(checks_);
     checks_.clear();

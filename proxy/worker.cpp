@@ -622,14 +622,7 @@ void Worker::closeListener(ListenerState& l) {
     // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
     // armed accept then ends with an error; the cancel and close below release the rest.
     ::shutdown(l.fd.get(), SHUT_RDWR);
-    io_uring_sqe* sqe = ring_->sqe();
-    io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
-    // Hardlinked: the close runs even when the cancel finds nothing armed.
-    sqe->flags |= IOSQE_IO_HARDLINK;
-    io_uring_sqe_set_data64(sqe, UserData{}.pack());
-    sqe = ring_->sqe();
-    io_uring_prep_close(sqe, l.fd.release());
-    io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    ring_->cancelAndClose(l.fd.release());
     l.closed = true;
 }
 
@@ -1101,16 +1094,9 @@ void Worker::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         // RST. Not root-caused; SHUT_RD makes that recv complete (0 failures in 120 runs) and
         // sends nothing on the wire.
         ::shutdown(fd, SHUT_RD);
-        // In-flight polls, recvs, sends and the connect hold references to the socket: cancel
-        // them (their CQEs still arrive and are counted down in inflight), then close. The
-        // cancel is matched by file at submit time, so it must go in before the close.
-        io_uring_sqe* sqe = ring_->sqe();
-        io_uring_prep_cancel_fd(sqe, fd, IORING_ASYNC_CANCEL_ALL);
-        sqe->flags |= IOSQE_IO_HARDLINK;
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
-        sqe = ring_->sqe();
-        io_uring_prep_close(sqe, fd);
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        // In-flight polls, recvs, sends and the connect: their CQEs still arrive after the
+        // cancel and are counted down in inflight.
+        ring_->cancelAndClose(fd);
         fd = -1;
     }
     if (c.inflight == 0) freeConn(c, slot);

@@ -22,6 +22,10 @@ class Ring {
     // Submit what is queued and wait for at least one CQE (task work runs here: DEFER_TASKRUN).
     int submitAndWait();
     int submit();
+    // Cancels every request armed on `fd`, then closes it. In-flight requests hold references
+    // to the file, so only this frees the socket; the cancel is matched by file when it is
+    // issued, so it must go in before the close. Both CQEs carry UserData{} (nothing to do).
+    void cancelAndClose(int fd);
     io_uring* raw() { return &ring_; }
     unsigned flags() const { return flags_; }
 

@@ -522,6 +522,15 @@ RelayProcess::~RelayProcess() {
         EXPECT_EQ(log.find("bookkeeping bug"), std::string::npos)
             << "zcrelay logged a stale completion:\n"
             << log;
+        // A sanitizer build of the relay reports on stderr when it finds something (TSan and
+        // UBSan keep running; the exit code says so only at a clean exit, and most tests end
+        // the relay with SIGKILL here).
+        for (const char* report : {"ERROR: AddressSanitizer", "ERROR: LeakSanitizer",
+                                   "WARNING: ThreadSanitizer", "runtime error: "}) {
+            EXPECT_EQ(log.find(report), std::string::npos)
+                << "zcrelay's sanitizer reported (" << report << "):\n"
+                << log;
+        }
     }
 }
 
