@@ -1,6 +1,8 @@
 #include "config.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -12,6 +14,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <map>
+#include <optional>
 #include <span>
 #include <type_traits>
 #include <variant>
@@ -146,6 +149,16 @@ const Key<Config> kTopKeys[] = {
      .fallback = "0",
      .max = 10000000,
      .help = "live connections over all listeners; at the limit accepting stops; 0 = no limit"},
+    {.name = "user",
+     .kind = Kind::Name,
+     .member = &Config::user,
+     .help = "started as root: once listening, run as this user (name or uid), keeping only "
+             "CAP_NET_BIND_SERVICE; unset: stay as started"},
+    {.name = "group",
+     .kind = Kind::Name,
+     .member = &Config::group,
+     .help = "with user: the group (name or gid), the only supplementary one too; unset: the "
+             "user's primary group"},
 };
 
 const Key<AccessLogConfig> kAccessLogKeys[] = {
@@ -759,6 +772,58 @@ std::string_view lineOf(std::string_view text, int index) {
     return text.substr(start, text.find('\n', start) - start);
 }
 
+// A whole decimal number that fits an id (not the -1 that set*id() reads as "unchanged").
+std::optional<uint32_t> numericId(std::string_view text) {
+    uint32_t value = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+        value == UINT32_MAX)
+        return std::nullopt;
+    return value;
+}
+
+// `user` and `group` name accounts of this machine. They are resolved here, so that an unknown
+// one is refused with its line like any other error and --check-config catches it; the switch
+// itself happens in Server::start (privileges.cpp).
+void resolveRunAs(std::string_view source, const YAML::Node& root, Config& config) {
+    if (config.user.empty()) {
+        if (!config.group.empty())
+            fail(whereOfKey(source, root, "group", "group"),
+                 "needs `user`: the relay switches user and group together");
+        return;
+    }
+    const Where user_at = whereOfKey(source, root, "user", "user");
+    std::vector<char> buf(16384);
+    struct passwd pw {};
+    struct passwd* found = nullptr;
+    int err = getpwnam_r(config.user.c_str(), &pw, buf.data(), buf.size(), &found);
+    const std::optional<uint32_t> uid = numericId(config.user);
+    if (found == nullptr && uid) err = getpwuid_r(*uid, &pw, buf.data(), buf.size(), &found);
+    if (found == nullptr && err != 0 && err != ENOENT && err != ESRCH)
+        fail(user_at, "looking up " + quoted(config.user) + ": " + std::strerror(err));
+    if (found == nullptr && !uid)
+        fail(user_at, quoted(config.user) + " is not a user of this system (/etc/passwd, NSS)");
+    config.uid = found != nullptr ? static_cast<uint32_t>(found->pw_uid) : *uid;
+    if (config.group.empty()) {
+        if (found == nullptr) {
+            fail(user_at,
+                 "uid " + config.user + " has no passwd entry to take a group from: set `group`");
+        }
+        config.gid = static_cast<uint32_t>(found->pw_gid);
+        return;
+    }
+    const Where group_at = whereOfKey(source, root, "group", "group");
+    struct group gr {};
+    struct group* gfound = nullptr;
+    err = getgrnam_r(config.group.c_str(), &gr, buf.data(), buf.size(), &gfound);
+    if (gfound == nullptr && err != 0 && err != ENOENT && err != ESRCH)
+        fail(group_at, "looking up " + quoted(config.group) + ": " + std::strerror(err));
+    const std::optional<uint32_t> gid = numericId(config.group);
+    if (gfound == nullptr && !gid)
+        fail(group_at, quoted(config.group) + " is not a group of this system (/etc/group, NSS)");
+    config.gid = gfound != nullptr ? static_cast<uint32_t>(gfound->gr_gid) : *gid;
+}
+
 // Everything but resolving `workers`, so the embedded default can be rendered machine-neutral.
 Config parseConfig(std::string_view yaml, std::string_view source) {
     YAML::Node root;
@@ -787,6 +852,7 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
     config.metrics.enabled = config.metrics.enabled && config.metrics.listen.length != 0;
     parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
                                     config.access_log);
+    resolveRunAs(source, root, config);
 
     if (const auto clusters = nested.find("clusters"); clusters != nested.end())
         parseClusters(source, clusters->second, config);

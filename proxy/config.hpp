@@ -136,6 +136,14 @@ struct Config {
     uint64_t max_pipes = 4096;  // pipes (2 fds each) the whole process may hold; 0 = never splice
     // Live connections over all listeners (0 = no limit): accepting stops at the limit.
     uint64_t max_connections = 0;
+    // Once the listeners are bound and the sockmap program is loaded, run as this user and
+    // group, keeping only CAP_NET_BIND_SERVICE (privileges.hpp). "" = stay as started.
+    // `group` defaults to the user's primary group. Resolved at load: uid/gid are the ids (the
+    // name's, or the number written), valid when `user` is set.
+    std::string user;
+    std::string group;
+    uint32_t uid = 0;
+    uint32_t gid = 0;
     MetricsConfig metrics;
     AccessLogConfig access_log;
     std::vector<ClusterConfig> clusters;  // as declared; see clustersOf()

@@ -28,7 +28,12 @@ tl::expected<Pipe, PipeFallback> PipePool::acquire() {
     // O_NONBLOCK on both ends: splice(SPLICE_F_NONBLOCK) only makes the *pipe* side
     // nonblocking, and a relay thread must never sleep in the kernel.
     if (pipe2(fds, O_NONBLOCK | O_CLOEXEC) < 0) {
-        if (errno != EMFILE && errno != ENFILE) LOG_WARN("pipe2: %s", strerror(errno));
+        // ENFILE is not our fd table: for a user without CAP_SYS_RESOURCE it is, in practice,
+        // pipe-user-pages-hard (the kernel refuses the pipe outright once the user's pipes hold
+        // that many pages). The system-wide fs.file-max says the same, but sockets would be
+        // failing everywhere by then.
+        if (errno == ENFILE) return tl::unexpected(PipeFallback::PipeLimit);
+        if (errno != EMFILE) LOG_WARN("pipe2: %s", strerror(errno));
         return tl::unexpected(PipeFallback::Emfile);
     }
     Pipe p{fds[0], fds[1], 0, false};
@@ -38,8 +43,9 @@ tl::expected<Pipe, PipeFallback> PipePool::acquire() {
     }
     int size = fcntl(p.write_fd, F_GETPIPE_SZ);
     if (size < static_cast<int>(kStartSize)) {
-        // Over pipe-user-pages-soft the kernel gives a one-page pipe; try to set the normal size
-        // (allowed for a privileged process), else this pipe would splice 4 KiB at a time.
+        // Over pipe-user-pages-soft the kernel gives a minimal pipe (two pages on 6.x); try to
+        // set the normal size (allowed for a privileged process), else this pipe would splice
+        // 8 KiB at a time.
         size = fcntl(p.write_fd, F_SETPIPE_SZ, kStartSize);
         if (size < static_cast<int>(kStartSize)) {
             closePipe(p);

@@ -7,8 +7,13 @@
 // What the kernel does with pipes, and why this shape:
 // - Every pipe costs two fds against RLIMIT_NOFILE, and its capacity is charged to the user's
 //   pipe-user-pages-soft (64 MiB by default) unless the process has CAP_SYS_RESOURCE or
-//   CAP_SYS_ADMIN. Past that limit pipe2() still succeeds but the kernel hands out a one-page
-//   pipe, and F_SETPIPE_SZ fails with EPERM: we detect the small pipe and report PipeLimit.
+//   CAP_SYS_ADMIN (a relay running as `user` has neither). Past that limit pipe2() still
+//   succeeds but the kernel hands out a minimal pipe (2 pages, 8 KiB, on 6.18), and
+//   F_SETPIPE_SZ fails with EPERM: we detect the small pipe and report PipeLimit. Past
+//   pipe-user-pages-hard (0 = none by default) pipe2() fails with ENFILE: PipeLimit too.
+//   Either way the direction moves its bytes by copy; nothing is logged per pipe.
+// - Without CAP_SYS_RESOURCE, F_SETPIPE_SZ above fs.pipe-max-size (1 MiB) fails with EPERM
+//   too: the pipe keeps its size (grow_failed).
 // - F_SETPIPE_SZ rounds up to a power-of-two number of pages and caps at fs.pipe-max-size; its
 //   return value is the real capacity, which is what we account with.
 // - A pipe starts at kStartSize and grows to the listener's pipe_size only when a splice fills

@@ -1,6 +1,7 @@
 #include "server.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +11,7 @@
 
 #include "listener.hpp"
 #include "log.hpp"
+#include "privileges.hpp"
 
 namespace zcrelay {
 namespace {
@@ -48,6 +50,24 @@ tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
         }
     }
     return fds;
+}
+
+// Without CAP_SYS_RESOURCE, F_SETPIPE_SZ past fs.pipe-max-size fails with EPERM: such a
+// listener's pipes never grow and splice 64 KiB at a time. Said once, at start, not per pipe.
+void warnPipeSizesPastMax(const Config& config) {
+    uint64_t pipe_max = 0;
+    if (FILE* f = std::fopen("/proc/sys/fs/pipe-max-size", "re")) {
+        unsigned long long v = 0;
+        if (std::fscanf(f, "%llu", &v) == 1) pipe_max = v;
+        std::fclose(f);
+    }
+    for (const ListenerConfig& l : config.listeners) {
+        if (pipe_max == 0 || l.pipe_size <= pipe_max) continue;
+        LOG_WARN(
+            "listener %s: pipe_size %s is above fs.pipe-max-size (%s), which only "
+            "CAP_SYS_RESOURCE may pass: its pipes stay at 64KiB",
+            l.name.c_str(), formatSize(l.pipe_size).c_str(), formatSize(pipe_max).c_str());
+    }
 }
 
 }  // namespace
@@ -97,11 +117,26 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             }
         }
     }
+    // Everything that needs root is open now: the listeners (ports below 1024), the sockmap
+    // program and maps (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Drop it before the first thread
+    // starts, because capabilities and the bounding set are per thread (privileges.hpp): the
+    // access log writer, civetweb's threads and the workers all start below, as the user.
+    // So the access log file is opened as the user, as its SIGHUP reopen will be; the metrics
+    // address binds with CAP_NET_BIND_SERVICE, which stays.
+    if (!cfg.user.empty()) {
+        const std::string who =
+            "user " + cfg.user + (cfg.group.empty() ? "" : ", group " + cfg.group);
+        auto dropped = dropPrivileges(cfg.uid, cfg.gid, who);
+        if (!dropped) return tl::unexpected("user: " + dropped.error());
+        LOG_INFO("%s", dropped->c_str());
+        if (geteuid() != 0) warnPipeSizesPastMax(cfg);
+    }
     if (!cfg.access_log.path.empty()) {
         auto log = AccessLog::open(cfg.access_log.path, cfg.access_log.format, cfg.workers);
         if (!log) {
             return tl::unexpected("access_log " + cfg.access_log.path + ": " +
-                                  log.error().message());
+                                  log.error().message() +
+                                  (cfg.user.empty() ? "" : " (opened as user " + cfg.user + ")"));
         }
         server->access_log_ = std::move(*log);
         server->process_.access_log = server->access_log_.get();
@@ -170,6 +205,13 @@ tl::expected<void, std::string> Server::reload(Config config) {
     keep(config.max_pipes != old.max_pipes, "max_pipes");
     keep(!(config.metrics == old.metrics), "metrics");
     keep(!(config.access_log == old.access_log), "access_log");
+    keep(config.user != old.user || config.group != old.group || config.uid != old.uid ||
+             config.gid != old.gid,
+         "user/group");
+    config.user = old.user;
+    config.group = old.group;
+    config.uid = old.uid;
+    config.gid = old.gid;
     config.workers = old.workers;
     config.max_pipes = old.max_pipes;
     config.metrics = old.metrics;

@@ -2,8 +2,9 @@
 // The process's one Server: listening sockets, workers and the metrics endpoint, started and
 // stopped in a fixed order.
 //   start: bind every listener (port 0 resolved once, shared by all workers' sockets) -> load
-//          the sockmap program if a listener wants it (else it runs splice) -> the metrics
-//          endpoint -> the workers, each accepting once its ring is up.
+//          the sockmap program if a listener wants it (else it runs splice) -> with `user`,
+//          drop root while this is the only thread (privileges.hpp) -> the access log -> the
+//          metrics endpoint -> the workers, each accepting once its ring is up.
 //   drain: every worker stops accepting and lets its connections finish (drain_timeout).
 //   join:  workers exit once their connections are gone; the metrics endpoint goes last, so
 //          the final counts can still be scraped during the drain.

@@ -241,7 +241,7 @@ TEST(LoadConfig, StructureErrors) {
               "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster)");
     EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
               "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
-              "max_pipes, max_connections, metrics, access_log, clusters, listeners");
+              "max_pipes, max_connections, user, group, metrics, access_log, clusters, listeners");
     EXPECT_EQ(errorOfYaml(std::string("workers: 2\nworkers: 3\n") + kOneListener),
               "t.yaml:2:1: workers: key given twice");
     EXPECT_EQ(errorOfYaml("just text\n"),
@@ -460,6 +460,99 @@ TEST(RenderConfig, HighBytesInStringsRoundTripExactly) {
     const Config c = loadConfigString(yaml, "t.yaml");
     ASSERT_EQ(c.clusters.at(0).health_check.send, "PING\r\xff\xfe\n");
     expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+}
+
+}  // namespace
+}  // namespace zcrelay
+
+// ---- user and group: resolved at load, so an unknown one is an error with its line -------
+
+#include <grp.h>
+#include <pwd.h>
+
+#include <optional>
+
+namespace zcrelay {
+namespace {
+
+struct Account {
+    uint32_t uid = 0;
+    uint32_t gid = 0;
+};
+std::optional<Account> account(const char* name) {
+    const passwd* pw = getpwnam(name);
+    if (pw == nullptr) return std::nullopt;
+    return Account{static_cast<uint32_t>(pw->pw_uid), static_cast<uint32_t>(pw->pw_gid)};
+}
+
+TEST(RunAsConfig, UserByNameTakesItsPrimaryGroup) {
+    const auto nobody = account("nobody");
+    if (!nobody) GTEST_SKIP() << "this system has no user nobody";
+    const Config c = loadConfigString(std::string("user: nobody\n") + kOneListener, "t.yaml");
+    EXPECT_EQ(c.user, "nobody");
+    EXPECT_EQ(c.group, "");
+    EXPECT_EQ(c.uid, nobody->uid);
+    EXPECT_EQ(c.gid, nobody->gid);
+    expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+}
+
+TEST(RunAsConfig, NumericIdsNeedNoEntryButAUidWithoutOneNeedsAGroup) {
+    const auto nobody = account("nobody");
+    if (!nobody) GTEST_SKIP() << "this system has no user nobody";
+    const std::string uid = std::to_string(nobody->uid);
+    Config c = loadConfigString("user: " + uid + "\n" + kOneListener, "t.yaml");
+    EXPECT_EQ(c.uid, nobody->uid);
+    EXPECT_EQ(c.gid, nobody->gid) << "a uid with a passwd entry takes its primary group";
+
+    ASSERT_EQ(getpwuid(4242), nullptr) << "the test needs uid 4242 unused";
+    c = loadConfigString(std::string("user: 4242\ngroup: 4243\n") + kOneListener, "t.yaml");
+    EXPECT_EQ(c.uid, 4242u);
+    EXPECT_EQ(c.gid, 4243u);
+    expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+    EXPECT_EQ(errorOfYaml(std::string("user: 4242\n") + kOneListener),
+              "t.yaml:1:7: user: uid 4242 has no passwd entry to take a group from: set "
+              "`group`");
+}
+
+TEST(RunAsConfig, GroupByName) {
+    const group* root = getgrgid(0);
+    ASSERT_NE(root, nullptr);
+    const Config c = loadConfigString(
+        std::string("user: root\ngroup: ") + root->gr_name + "\n" + kOneListener, "t.yaml");
+    EXPECT_EQ(c.uid, 0u);
+    EXPECT_EQ(c.gid, 0u);
+}
+
+TEST(RunAsConfig, ErrorsNameTheKeyAndTheValue) {
+    EXPECT_EQ(errorOfYaml(std::string("user: no-such-user-zcrelay\n") + kOneListener),
+              "t.yaml:1:7: user: \"no-such-user-zcrelay\" is not a user of this system "
+              "(/etc/passwd, NSS)");
+    EXPECT_EQ(errorOfYaml(std::string("user: root\ngroup: no-such-group-zcrelay\n") + kOneListener),
+              "t.yaml:2:8: group: \"no-such-group-zcrelay\" is not a group of this system "
+              "(/etc/group, NSS)");
+    EXPECT_EQ(errorOfYaml(std::string("group: root\n") + kOneListener),
+              "t.yaml:1:8: group: needs `user`: the relay switches user and group together");
+    EXPECT_EQ(errorOfYaml(std::string("user: \"a b\"\n") + kOneListener),
+              "t.yaml:1:7: user: \"a b\" is not a valid name; use 1 to 64 of [A-Za-z0-9_.-]");
+}
+
+TEST(RunAsConfig, DefaultLeavesItUnsetAndTheExampleNamesBoth) {
+    const Config c = loadConfigString(defaultConfigYaml(), "<default>");
+    EXPECT_EQ(c.user, "");
+    EXPECT_EQ(c.group, "");
+    EXPECT_NE(defaultConfigYaml().find("\n# user:\n"), std::string_view::npos);
+    EXPECT_NE(defaultConfigYaml().find("\n# group:\n"), std::string_view::npos);
+    EXPECT_EQ(renderConfig(c).find("user"), std::string::npos) << "unset is not rendered";
+}
+
+TEST(ConfigExamples, Unprivileged) {
+    const auto nobody = account("nobody");
+    if (!nobody) GTEST_SKIP() << "this system has no user nobody";
+    const Config c = example("unprivileged.yaml");
+    EXPECT_EQ(c.user, "nobody");
+    EXPECT_EQ(c.uid, nobody->uid);
+    EXPECT_EQ(c.gid, nobody->gid);
+    EXPECT_EQ(c.listeners.at(0).listen.port(), 80);
 }
 
 }  // namespace
