@@ -140,6 +140,8 @@ TEST_P(DrainTest, SigtermRefusesNewConnectionsAndLetsInFlightTransferFinish) {
                         << "10s), " << secondsSince(t_signal) << " s after SIGTERM\n"
                         << relay_.diagnostics();
     EXPECT_TRUE(status->cleanExit()) << status->describe() << "\n" << relay_.diagnostics();
+    EXPECT_LT(secondsSince(t_signal), 10.0)
+        << "the relay must exit because its last transfer finished, within drain_timeout (10s)";
 }
 
 TEST_P(DrainTest, IdleConnectionIsClosedWhenDrainTimeoutExpires) {

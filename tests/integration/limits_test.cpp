@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -37,26 +38,58 @@ double cpuSeconds(pid_t pid) {
     return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
-// Every test here relays to an echo upstream through a splice listener; the limits differ.
+// Every test here relays to an echo upstream through a splice listener (or the data path
+// mode_ names); the limits differ.
 class LimitsFixture : public ::testing::Test {
 protected:
     // ASSERTs inside: call through ASSERT_NO_FATAL_FAILURE.
     void startRelay(int workers, const std::string& extra_yaml = "",
                     std::optional<rlim_t> nofile = std::nullopt) {
         ASSERT_TRUE(up_.ok()) << up_.error();
-        RelayConfig config = singleListenerConfig(up_.hostPort(), "splice");
+        RelayConfig config = singleListenerConfig(up_.hostPort(), mode_);
         config.workers = workers;
         config.extra_yaml = extra_yaml;
         if (nofile) relay_.setNofileLimit(*nofile);
         ASSERT_TRUE(relay_.start(config));
     }
 
+    std::string mode_ = "splice";
     ScriptedUpstream up_{AF_INET, echoScript()};
     RelayProcess relay_;
 };
 
 class PipeLimits : public LimitsFixture {};
 class FdLimits : public LimitsFixture {};
+// The fd-limit cases that run in every data path.
+class FdLimitsByMode : public LimitsFixture, public ::testing::WithParamInterface<std::string> {
+  protected:
+    FdLimitsByMode() { mode_ = GetParam(); }
+};
+
+const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
+
+std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
+
+// `steps` echoes of 64 KiB, each written then read back whole, continuing payload `seed` from
+// byte `offset`: a live transfer that can be paused and resumed. Returns the bytes echoed
+// byte-exact before the first failure (and describes it in `error`).
+uint64_t echoSteps(int fd, uint64_t seed, uint64_t offset, int steps, std::string& error) {
+    constexpr size_t kStep = 64 * 1024;
+    std::vector<uint8_t> out(kStep), back(kStep);
+    uint64_t done = 0;
+    for (int i = 0; i < steps; ++i) {
+        fillPayload(seed, offset + done, out);
+        IoResult w = writeAll(fd, out.data(), out.size(), Millis{10'000});
+        IoResult r = w.ok() ? readExactly(fd, back.data(), back.size(), Millis{10'000}) : w;
+        if (!r.ok() || back != out) {
+            error = "step " + std::to_string(i) + " at byte " + std::to_string(offset + done) +
+                    ": " + (r.ok() ? std::string("echo differs") : r.describe());
+            return done;
+        }
+        done += kStep;
+    }
+    return done;
+}
 
 // Four clients echo 8 MiB each at once through a splice listener whose process may hold one
 // pipe: most directions cannot get one and must move their bytes by copy, every byte intact.
@@ -162,10 +195,21 @@ TEST_F(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
 // EMFILE despite the budget: the fd limit is lowered under the running relay (prlimit), so
 // accept() and socket() fail before the budget says stop. Accepting must pause without
 // spinning, a client accepted without an fd for its upstream must get one later (spare fd or
-// waiting), and every client must be served once others close.
-TEST_F(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
+// waiting), a transfer that was live before keeps going byte-exact (a splice direction that
+// cannot get a pipe moves by copy), and every client must be served once others close.
+TEST_P(FdLimitsByMode, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     constexpr int kClients = 40;
+    constexpr uint64_t kLiveSeed = 0x11FE;
     ASSERT_NO_FATAL_FAILURE(startRelay(1));
+    EXPECT_EQ(relay_.metric(metric::kDatapathInfo, metric::datapath(mode_)), 1.0)
+        << "listener t should run the " << mode_ << " data path";
+    // The live transfer: 1 MiB echoed before the limit, 4 MiB more while the relay has no fd.
+    Connected live = connectTo(relay_.host(), relay_.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    std::string live_error;
+    uint64_t live_bytes = echoSteps(live.fd.get(), kLiveSeed, 0, 16, live_error);
+    ASSERT_EQ(live_bytes, kMiB) << live_error;
+    ASSERT_TRUE(waitUntil([&] { return up_.accepted() == 1; }, Millis{5'000}));
     auto base = relay_.openFdCount();
     ASSERT_TRUE(base);
     // Room for ~15 connections' sockets past what the relay holds now; the budget computed at
@@ -180,7 +224,7 @@ TEST_F(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     }
     // No scrape while the relay is out of fds: the metrics server cannot accept either (that is
     // what the budget's reserve is for). Watch the upstream side instead.
-    ASSERT_TRUE(waitUntil([&] { return up_.accepted() >= 5; }, Millis{10'000}))
+    ASSERT_TRUE(waitUntil([&] { return up_.accepted() >= 6; }, Millis{10'000}))
         << "the relay forwarded only " << up_.accepted() << " connections";
     double cpu0 = cpuSeconds(relay_.pid());
     std::this_thread::sleep_for(Millis{1'000});
@@ -189,18 +233,36 @@ TEST_F(FdLimits, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     EXPECT_LT(up_.accepted(), static_cast<size_t>(kClients))
         << "30 spare fds cannot hold " << kClients << " relayed connections";
 
+    // Out of fds, the live transfer goes on, byte-exact.
+    uint64_t more = echoSteps(live.fd.get(), kLiveSeed, live_bytes, 64, live_error);
+    EXPECT_EQ(more, 4 * kMiB) << "the live transfer broke while the relay was out of fds: "
+                              << live_error;
+    live_bytes += more;
+    ::shutdown(live.fd.get(), SHUT_WR);
+    std::string rest;
+    IoResult live_end = readUntilEof(live.fd.get(), rest, Millis{10'000});
+    EXPECT_EQ(live_end.status, IoStatus::Eof) << live_end.describe();
+    EXPECT_TRUE(rest.empty()) << rest.size() << " bytes more than were sent";
+    live.fd.reset();
+
     for (int i = 0; i < kClients; ++i) {
         ReceiveCheck got = echoRoundTrip(clients[i].fd.get(), 900 + i, 64 * 1024, Millis{20'000});
         EXPECT_EQ(got.bytes, 64u * 1024) << "client " << i << ": " << got.describe();
         EXPECT_LT(got.first_mismatch, 0) << "client " << i << ": " << got.describe();
         clients[i].fd.reset();
     }
-    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients))
-        << "every client served; none closed for want of an fd";
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), kClients + 1))
+        << "every client served, and the live transfer; none closed for want of an fd";
     EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("error")).value_or(-1), 0);
     EXPECT_GE(relay_.metric(metric::kAcceptPausedTotal).value_or(0), 1)
         << "accept or socket() hit EMFILE";
+    // Each echo's bytes both ways: the live transfer's 5 MiB and 64 KiB per client.
+    const double total = static_cast<double>(live_bytes + kClients * 64 * 1024);
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"), total));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("downstream"), total));
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, FdLimitsByMode, ::testing::ValuesIn(kModes), modeName);
 
 }  // namespace
 }  // namespace zcrelay::test

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <utility>
 
 namespace zcrelay::test {
 
@@ -301,6 +302,47 @@ std::vector<std::string> SynDropRule::args(const std::string& op) const {
             "--tcp-flags",
             "SYN,ACK,FIN,RST",
             "SYN",
+            "-j",
+            "DROP"};
+}
+
+FlowDropRule::FlowDropRule(std::string iptables, uint16_t port_a, uint16_t port_b)
+    : iptables_(std::move(iptables)), port_a_(port_a), port_b_(port_b) {
+    for (auto [sport, dport] : {std::pair{port_a_, port_b_}, std::pair{port_b_, port_a_}}) {
+        CommandResult r = runCommand(args("-I", sport, dport), Millis{15'000});
+        if (!r.status.cleanExit()) {
+            error_ = r.describe();
+            return;  // the destructor deletes what was inserted
+        }
+        ++added_;
+    }
+}
+
+FlowDropRule::~FlowDropRule() {
+    std::pair<uint16_t, uint16_t> rules[] = {{port_a_, port_b_}, {port_b_, port_a_}};
+    for (int i = 0; i < added_; ++i) {
+        CommandResult r = runCommand(args("-D", rules[i].first, rules[i].second), Millis{15'000});
+        if (!r.status.cleanExit())
+            ADD_FAILURE() << "could not remove the iptables rule dropping " << rules[i].first
+                          << " -> " << rules[i].second << ": " << r.describe();
+    }
+}
+
+std::vector<std::string> FlowDropRule::args(const std::string& op, uint16_t sport,
+                                            uint16_t dport) const {
+    return {iptables_,
+            "-w",
+            "5",
+            op,
+            "INPUT",
+            "-p",
+            "tcp",
+            "-i",
+            "lo",
+            "--sport",
+            std::to_string(sport),
+            "--dport",
+            std::to_string(dport),
             "-j",
             "DROP"};
 }

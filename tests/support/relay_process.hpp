@@ -2,7 +2,7 @@
 // The real zcrelay binary as a test fixture: write a YAML config into a temp dir, fork/exec
 // ZCRELAY_BINARY, wait for "zcrelay: ready", learn the ports from stdout, scrape /metrics, look at
 // /proc/PID, stop it with SIGTERM. Also a small fork/exec helper for other programs (nc, iptables)
-// and an iptables rule that blackholes SYNs to one loopback port.
+// and iptables rules that blackhole SYNs to one loopback port, or every packet of one flow.
 //
 // Everything is bounded: start waits at most 15 s, scrapes 5 s, waits on metrics their timeout,
 // terminate() SIGKILLs after its timeout and records a test failure. Only the PID this fixture
@@ -136,6 +136,31 @@ class SynDropRule {
     std::string iptables_;
     uint16_t port_;
     bool added_ = false;
+    std::string error_;
+};
+
+// Adds `iptables -I INPUT -p tcp -i lo --sport A --dport B -j DROP` and the same with the ports
+// swapped, and always deletes both again (at destruction; a failed delete is a test failure).
+// Every packet of the one loopback TCP flow between ports A and B disappears, both ways: each
+// end still believes the connection is up, but nothing the other sends arrives, not even a FIN
+// or an RST, as when a host vanishes from the network. Both ports, not one: another flow may
+// share a local port (connects to different destinations can reuse an ephemeral port).
+class FlowDropRule {
+  public:
+    FlowDropRule(std::string iptables, uint16_t port_a, uint16_t port_b);
+    ~FlowDropRule();
+    FlowDropRule(const FlowDropRule&) = delete;
+    FlowDropRule& operator=(const FlowDropRule&) = delete;
+    bool added() const { return added_ == 2; }
+    const std::string& error() const { return error_; }
+
+  private:
+    std::vector<std::string> args(const std::string& op, uint16_t sport, uint16_t dport) const;
+
+    std::string iptables_;
+    uint16_t port_a_;
+    uint16_t port_b_;
+    int added_ = 0;  // rules inserted: 0, 1 (a -> b) or 2 (both)
     std::string error_;
 };
 
