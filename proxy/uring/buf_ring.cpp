@@ -16,8 +16,10 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
         mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
     if (r == MAP_FAILED) return sysError("mmap buffer ring");
     b->br_ = static_cast<io_uring_buf_ring*>(r);
-    // The buffers themselves: untouched pages cost nothing, so RSS grows only with what the
-    // copy path actually holds in flight.
+    // The buffers themselves: untouched pages cost nothing until a recv lands in them. The
+    // kernel takes buffers round the ring, not the most recently recycled one, so a long copy
+    // transfer touches every buffer in turn: RSS grows towards count * size per worker (16 MiB
+    // at 256 x 64 KiB) and stays there, bounded but not only what is in flight.
     b->base_bytes_ = static_cast<size_t>(count) * size;
     void* d =
         mmap(nullptr, b->base_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
