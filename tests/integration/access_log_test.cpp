@@ -26,9 +26,6 @@ constexpr uint64_t kReplySeed = 0xD0;
 constexpr uint64_t kReplyBytes = 3000;
 constexpr Millis kLogWait{10'000};
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
 const std::vector<std::string> kJsonFields = {
     "time",       "listener",    "client",   "cluster",    "backend",     "attempts",
     "connect_ms", "duration_ms", "bytes_up", "bytes_down", "termination", "path"};

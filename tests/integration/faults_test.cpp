@@ -35,14 +35,6 @@ constexpr uint64_t kSeedA = 0xFA17;
 constexpr uint64_t kSeedB = 0xD0D0;
 constexpr Millis kPrompt{2'000};  // "promptly": the bound for closes the relay must propagate
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
-bool endedByPeer(const IoResult& r) {
-    return r.status == IoStatus::Eof || r.status == IoStatus::Reset;
-}
-
 uint16_t localPort(int fd) {
     sockaddr_storage addr{};
     socklen_t len = sizeof addr;
@@ -224,6 +216,9 @@ class ClientVanishesWithoutFin : public FaultFixture {
   protected:
     static constexpr uint64_t kGreeting = 64 * kKiB;  // relayed before the client vanishes
     static constexpr Millis kCloseBound{30'000};
+    // Probes after 1 s of silence, 1 s apart, 2 unanswered end it: about 3 s.
+    static constexpr const char* kFastKeepalive =
+        "    tcp_keepalive:\n      idle: 1s\n      interval: 1s\n      count: 2\n";
 
     // The upstream: sends kGreeting bytes of kSeedB, waits for `go_`, sends `after` more bytes
     // of the same stream (towards the vanished client), then waits for the relay to close its
@@ -299,6 +294,28 @@ class ClientVanishesWithoutFin : public FaultFixture {
 
     // Nothing the relay sent after the vanishing reached the client: the rule really dropped
     // the flow (a client that merely did not read would find the upstream's bytes queued).
+    // Starts the relay (idle_timeout, plus `extra_yaml` for the listener), connects, makes the
+    // client vanish, and expects the relay to end the upstream side within kCloseBound, for
+    // the reason `what` names. ASSERTs inside: the caller returns when one failed or skipped.
+    void vanishAndExpectUpstreamClosed(ScriptedUpstream& up, const std::string& idle_timeout,
+                                       const std::string& extra_yaml, const std::string& what,
+                                       Connected& client, std::unique_ptr<FlowDropRule>& rule) {
+        ASSERT_NO_FATAL_FAILURE(startRelay(up, [&](RelayConfig& c) {
+            c.listeners.at(0).idle_timeout = idle_timeout;
+            c.listeners.at(0).extra_yaml = extra_yaml;
+        }));
+        Clock::time_point vanished_at;
+        ASSERT_NO_FATAL_FAILURE(connectThenVanish(client, rule, vanished_at));
+        if (IsSkipped()) return;
+        std::optional<ConnRecord> rec = up.waitForRecord(0, kCloseBound + Millis{5'000});
+        ASSERT_TRUE(rec) << "the upstream never finished";
+        EXPECT_TRUE(endedByPeer(rec->read_end))
+            << what << " must end the connection: " << rec->describe() << "\n"
+            << relay_.diagnostics();
+        double elapsed = std::chrono::duration<double>(rec->ended_at - vanished_at).count();
+        EXPECT_LT(elapsed, 30.0) << rec->describe();
+    }
+
     static void expectNothingArrived(const Connected& client) {
         uint8_t byte = 0;
         ssize_t r = ::recv(client.fd.get(), &byte, 1, MSG_DONTWAIT);
@@ -315,22 +332,11 @@ class ClientVanishesWithoutFin : public FaultFixture {
 // what fits into the client socket, nothing is acknowledged, no byte moves, idle_timeout fires.
 TEST_P(ClientVanishesWithoutFin, IdleTimeoutEndsItWhileUpstreamBytesAreStuck) {
     ScriptedUpstream up(AF_INET, vanishScript(kMiB));
-    ASSERT_NO_FATAL_FAILURE(
-        startRelay(up, [](RelayConfig& c) { c.listeners.at(0).idle_timeout = "1s"; }));
     Connected client;
     std::unique_ptr<FlowDropRule> rule;
-    Clock::time_point vanished_at;
-    ASSERT_NO_FATAL_FAILURE(connectThenVanish(client, rule, vanished_at));
+    ASSERT_NO_FATAL_FAILURE(
+        vanishAndExpectUpstreamClosed(up, "1s", "", "idle_timeout (1s)", client, rule));
     if (IsSkipped()) return;
-
-    std::optional<ConnRecord> rec = up.waitForRecord(0, kCloseBound + Millis{5'000});
-    ASSERT_TRUE(rec) << "the upstream never finished";
-    EXPECT_TRUE(endedByPeer(rec->read_end))
-        << "the relay must close the upstream side once idle_timeout (1s) passed: "
-        << rec->describe() << "\n"
-        << relay_.diagnostics();
-    double elapsed = std::chrono::duration<double>(rec->ended_at - vanished_at).count();
-    EXPECT_LT(elapsed, 30.0) << rec->describe();
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("idle_timeout"), 1));
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
     EXPECT_TRUE(relay_.waitForMetric(metric::kPipesInUse, {}, 0));
@@ -343,25 +349,11 @@ TEST_P(ClientVanishesWithoutFin, IdleTimeoutEndsItWhileUpstreamBytesAreStuck) {
 // upstream is reset.
 TEST_P(ClientVanishesWithoutFin, KeepaliveEndsAnIdleConnectionAsClientReset) {
     ScriptedUpstream up(AF_INET, vanishScript(0));
-    ASSERT_NO_FATAL_FAILURE(startRelay(up, [](RelayConfig& c) {
-        c.listeners.at(0).idle_timeout = "300s";
-        c.listeners.at(0).extra_yaml =
-            "    tcp_keepalive:\n      idle: 1s\n      interval: 1s\n      count: 2\n";
-    }));
     Connected client;
     std::unique_ptr<FlowDropRule> rule;
-    Clock::time_point vanished_at;
-    ASSERT_NO_FATAL_FAILURE(connectThenVanish(client, rule, vanished_at));
+    ASSERT_NO_FATAL_FAILURE(vanishAndExpectUpstreamClosed(up, "300s", kFastKeepalive,
+                                                          "keepalive (1s + 2 x 1s)", client, rule));
     if (IsSkipped()) return;
-
-    std::optional<ConnRecord> rec = up.waitForRecord(0, kCloseBound + Millis{5'000});
-    ASSERT_TRUE(rec) << "the upstream never finished";
-    EXPECT_TRUE(endedByPeer(rec->read_end))
-        << "keepalive (1s + 2 x 1s) must end the connection well within 30 s: " << rec->describe()
-        << "\n"
-        << relay_.diagnostics();
-    double elapsed = std::chrono::duration<double>(rec->ended_at - vanished_at).count();
-    EXPECT_LT(elapsed, 30.0) << rec->describe();
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1))
         << "the kernel's keepalive timeout is an error on the client socket";
     EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("idle_timeout")), 0.0);
@@ -376,24 +368,11 @@ TEST_P(ClientVanishesWithoutFin, KeepaliveEndsAnIdleConnectionAsClientReset) {
 // 5 s, is what ends the connection.
 TEST_P(ClientVanishesWithoutFin, WithBytesInFlightKeepaliveIsSilentAndIdleTimeoutEndsIt) {
     ScriptedUpstream up(AF_INET, vanishScript(kMiB));
-    ASSERT_NO_FATAL_FAILURE(startRelay(up, [](RelayConfig& c) {
-        c.listeners.at(0).idle_timeout = "5s";
-        c.listeners.at(0).extra_yaml =
-            "    tcp_keepalive:\n      idle: 1s\n      interval: 1s\n      count: 2\n";
-    }));
     Connected client;
     std::unique_ptr<FlowDropRule> rule;
-    Clock::time_point vanished_at;
-    ASSERT_NO_FATAL_FAILURE(connectThenVanish(client, rule, vanished_at));
+    ASSERT_NO_FATAL_FAILURE(
+        vanishAndExpectUpstreamClosed(up, "5s", kFastKeepalive, "idle_timeout (5s)", client, rule));
     if (IsSkipped()) return;
-
-    std::optional<ConnRecord> rec = up.waitForRecord(0, kCloseBound + Millis{5'000});
-    ASSERT_TRUE(rec) << "the upstream never finished";
-    EXPECT_TRUE(endedByPeer(rec->read_end))
-        << "idle_timeout (5s) must end the connection: " << rec->describe() << "\n"
-        << relay_.diagnostics();
-    double elapsed = std::chrono::duration<double>(rec->ended_at - vanished_at).count();
-    EXPECT_LT(elapsed, 30.0) << rec->describe();
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("idle_timeout"), 1));
     EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("client_reset")), 0.0)
         << "keepalive cannot fire while bytes are in flight";

@@ -21,14 +21,6 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeed = 0x5EED;
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
-bool endedByPeer(const IoResult& r) {
-    return r.status == IoStatus::Eof || r.status == IoStatus::Reset;
-}
-
 // The stderr line that contains `needle`, or "".
 std::string lineContaining(const std::string& text, const std::string& needle) {
     std::istringstream in(text);

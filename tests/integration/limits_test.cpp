@@ -66,10 +66,6 @@ class FdLimitsByMode : public LimitsFixture, public ::testing::WithParamInterfac
     FdLimitsByMode() { mode_ = GetParam(); }
 };
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
 // `steps` echoes of 64 KiB, each written then read back whole, continuing payload `seed` from
 // byte `offset`: a live transfer that can be paused and resumed. Returns the bytes echoed
 // byte-exact before the first failure (and describes it in `error`).

@@ -816,8 +816,6 @@ TEST(PrometheusRules, NameOnlyMetricsTheRelayExports) {
 // =============================================================================================
 // 4. A real Prometheus scraping the relay.
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
 class PrometheusScrape : public ::testing::TestWithParam<std::string> {};
 
 // 64 MiB client -> upstream, paced over ~2.5 s so that scrapes land inside the transfer. What

@@ -41,8 +41,6 @@ constexpr Millis kIo{30'000};
 constexpr Millis kPrompt{2'500};  // "promptly": generous, the relay's tick is at most 250 ms
 constexpr size_t kCaptureLimit = 4 * kMiB;
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
 // ---------------------------------------------------------------------------------------------
 // Addresses and headers, written out by hand from proxy-protocol.txt.
 

@@ -29,14 +29,6 @@ constexpr uint64_t kSeedA = 0xA11CE;
 constexpr uint64_t kSeedB = 0xB0B;
 constexpr Millis kPrompt{2'000};  // "promptly": the bound for closes the relay must propagate
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
-bool endedByPeer(const IoResult& r) {
-    return r.status == IoStatus::Eof || r.status == IoStatus::Reset;
-}
-
 // Base fixture: one relay per test, listener "t" in mode GetParam() (or the given mode).
 class RelayFixture {
   protected:
@@ -409,7 +401,6 @@ TEST_P(ConnectionMetricsTest, PathHalfCloseDurationAndProcessNumbers) {
     EXPECT_NEAR(*exported, *fds, 4) << "process_open_fds against /proc/PID/fd";
     EXPECT_EQ(relay_.metric("zcrelay_iowq_workers"), 0.0) << "the data path never blocks in io-wq";
 }
-
 
 // Full-duplex echoes keep both directions' sends waiting for room. io_uring hands a send that
 // still finds no room after its own poll fired to an io-wq thread, which then blocks in

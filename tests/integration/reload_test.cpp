@@ -27,9 +27,6 @@ constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kGiB = 1024 * kMiB;
 constexpr const char* kGeneration = "zcrelay_config_generation";
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
 // A top-level `clusters:` block: one cluster `name` with these backends.
 std::string clusterYaml(const std::string& name, const std::vector<std::string>& backends,
                         const std::string& extra = "") {

@@ -46,9 +46,6 @@
 namespace zcrelay::test {
 namespace {
 
-const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
-std::string modeName(const ::testing::TestParamInfo<std::string>& info) { return info.param; }
-
 constexpr int kWorkers = 2;
 constexpr size_t kMessage = 16;    // bytes each way per connection
 constexpr Millis kIo{5'000};       // one step of one connection (connect, echo, close)

@@ -272,6 +272,19 @@ std::optional<std::string> findExecutable(const std::string& name) {
     return std::nullopt;
 }
 
+namespace {
+
+// `iptables -w 5 OP INPUT -p tcp -i lo MATCH... -j DROP`: a rule on loopback only, never beyond.
+std::vector<std::string> loopbackDropArgs(const std::string& iptables, const std::string& op,
+                                          std::initializer_list<std::string> match) {
+    std::vector<std::string> argv{iptables, "-w", "5", op, "INPUT", "-p", "tcp", "-i", "lo"};
+    argv.insert(argv.end(), match);
+    argv.insert(argv.end(), {"-j", "DROP"});
+    return argv;
+}
+
+}  // namespace
+
 SynDropRule::SynDropRule(std::string iptables, uint16_t port)
     : iptables_(std::move(iptables)), port_(port) {
     CommandResult r = runCommand(args("-I"), Millis{15'000});
@@ -288,22 +301,8 @@ SynDropRule::~SynDropRule() {
 }
 
 std::vector<std::string> SynDropRule::args(const std::string& op) const {
-    return {iptables_,
-            "-w",
-            "5",
-            op,
-            "INPUT",
-            "-p",
-            "tcp",
-            "-i",
-            "lo",
-            "--dport",
-            std::to_string(port_),
-            "--tcp-flags",
-            "SYN,ACK,FIN,RST",
-            "SYN",
-            "-j",
-            "DROP"};
+    return loopbackDropArgs(
+        iptables_, op, {"--dport", std::to_string(port_), "--tcp-flags", "SYN,ACK,FIN,RST", "SYN"});
 }
 
 FlowDropRule::FlowDropRule(std::string iptables, uint16_t port_a, uint16_t port_b)
@@ -330,21 +329,8 @@ FlowDropRule::~FlowDropRule() {
 
 std::vector<std::string> FlowDropRule::args(const std::string& op, uint16_t sport,
                                             uint16_t dport) const {
-    return {iptables_,
-            "-w",
-            "5",
-            op,
-            "INPUT",
-            "-p",
-            "tcp",
-            "-i",
-            "lo",
-            "--sport",
-            std::to_string(sport),
-            "--dport",
-            std::to_string(dport),
-            "-j",
-            "DROP"};
+    return loopbackDropArgs(iptables_, op,
+                            {"--sport", std::to_string(sport), "--dport", std::to_string(dport)});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -169,6 +169,17 @@ class FlowDropRule {
 // relay set on them. In /proc/PID/fd order.
 std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_ports);
 
+// The three data paths a listener can run (`mode:`), for the TEST_Ps that cover each of them.
+inline const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
+inline std::string modeName(const ::testing::TestParamInfo<std::string>& info) {
+    return info.param;
+}
+
+// The peer ended the connection: a FIN (EOF) or an RST.
+inline bool endedByPeer(const IoResult& r) {
+    return r.status == IoStatus::Eof || r.status == IoStatus::Reset;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Relay configuration as the tests write it.
 
