@@ -194,6 +194,13 @@ const Key<KeepaliveConfig> kKeepaliveKeys[] = {
      .min = 1,
      .max = 127,
      .help = "unanswered probes before the connection is reset"},
+    {.name = "user_timeout",
+     .kind = Kind::Duration,
+     .member = &KeepaliveConfig::user_timeout,
+     .fallback = "0",
+     .max = ms(std::chrono::hours(24)),
+     .help = "TCP_USER_TIMEOUT: bytes unacknowledged this long reset the connection; 0 = "
+             "the kernel's (~15 min)"},
 };
 
 const Key<HealthCheckConfig> kHealthCheckKeys[] = {

@@ -30,10 +30,12 @@ std::string_view proxyVersionName(ProxyVersion v);
 std::string_view logFormatName(AccessLogFormat f);
 
 // SO_KEEPALIVE with TCP_KEEPIDLE/TCP_KEEPINTVL/TCP_KEEPCNT; idle 0 leaves keepalive off.
+// user_timeout: TCP_USER_TIMEOUT (HAProxy's tcp-ut), 0 leaves the kernel's.
 struct KeepaliveConfig {
     Duration idle{0};
     Duration interval = std::chrono::seconds(10);
     unsigned count = 6;
+    Duration user_timeout{0};
 
     bool operator==(const KeepaliveConfig&) const = default;
 };

@@ -37,6 +37,15 @@ void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& ke
         ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
         ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
     }
+    if (keepalive.user_timeout.count() > 0) {
+        // Linux sends no keepalive probe while sent bytes are unacknowledged: a peer that
+        // vanished with bytes in flight is retransmitted to for tcp_retries2 (15, about 15
+        // minutes) before the socket fails. The user timeout bounds that, and the time a peer
+        // may keep a zero window (a reader that stopped reading), and with keepalive on it
+        // replaces the probe count as the deadline.
+        unsigned ms = static_cast<unsigned>(keepalive.user_timeout.count());
+        ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+    }
 }
 
 }  // namespace zcrelay

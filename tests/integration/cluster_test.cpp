@@ -689,7 +689,7 @@ TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
     config.workers = 1;
     ListenerSpec l;
     l.cluster = "app";
-    l.extra_yaml = "    tcp_keepalive: {idle: 30s, interval: 5s, count: 4}\n";
+    l.extra_yaml = "    tcp_keepalive: {idle: 30s, interval: 5s, count: 4, user_timeout: 45s}\n";
     config.listeners.push_back(l);
     config.extra_yaml = clusterYaml(
         "app", "    tcp_keepalive: {idle: 60s, interval: 10s, count: 3}\n", {{a.address()}});
@@ -700,20 +700,21 @@ TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
     socklen_t len = sizeof local;
     ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&local), &len);
     auto options = [](const Fd& s) {
-        int on = 0, idle = 0, interval = 0, count = 0;
+        int on = 0, idle = 0, interval = 0, count = 0, user_timeout_ms = 0;
         socklen_t n = sizeof(int);
         ::getsockopt(s.get(), SOL_SOCKET, SO_KEEPALIVE, &on, &n);
         ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, &n);
         ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, &n);
         ::getsockopt(s.get(), IPPROTO_TCP, TCP_KEEPCNT, &count, &n);
-        return std::vector<int>{on, idle, interval, count};
+        ::getsockopt(s.get(), IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout_ms, &n);
+        return std::vector<int>{on, idle, interval, count, user_timeout_ms};
     };
     std::vector<Fd> upstream = relaySocketsTo(relay_.pid(), {a.port()});
     std::vector<Fd> downstream = relaySocketsTo(relay_.pid(), {ntohs(local.sin_port)});
     ASSERT_EQ(upstream.size(), 1u);
     ASSERT_EQ(downstream.size(), 1u);
-    EXPECT_EQ(options(upstream[0]), (std::vector<int>{1, 60, 10, 3}));
-    EXPECT_EQ(options(downstream[0]), (std::vector<int>{1, 30, 5, 4}));
+    EXPECT_EQ(options(upstream[0]), (std::vector<int>{1, 60, 10, 3, 0})) << "user_timeout unset";
+    EXPECT_EQ(options(downstream[0]), (std::vector<int>{1, 30, 5, 4, 45'000}));
 }
 
 }  // namespace

@@ -380,6 +380,24 @@ TEST_P(ClientVanishesWithoutFin, WithBytesInFlightKeepaliveIsSilentAndIdleTimeou
     expectNothingArrived(client);
 }
 
+// What bounds that case short of idle_timeout: tcp_keepalive.user_timeout (TCP_USER_TIMEOUT,
+// HAProxy's tcp-ut). Bytes unacknowledged for 3 s make the kernel fail the client socket with
+// ETIMEDOUT, keepalive off and idle_timeout 300 s: counted as client_reset, like the probes.
+TEST_P(ClientVanishesWithoutFin, WithBytesInFlightUserTimeoutEndsItAsClientReset) {
+    ScriptedUpstream up(AF_INET, vanishScript(kMiB));
+    Connected client;
+    std::unique_ptr<FlowDropRule> rule;
+    ASSERT_NO_FATAL_FAILURE(vanishAndExpectUpstreamClosed(
+        up, "300s", "    tcp_keepalive:\n      user_timeout: 3s\n", "user_timeout (3s)", client,
+        rule));
+    if (IsSkipped()) return;
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1))
+        << "the kernel's user timeout is an error on the client socket";
+    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("idle_timeout")), 0.0);
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
+    expectNothingArrived(client);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, ClientVanishesWithoutFin, ::testing::ValuesIn(kModes), modeName);
 
 // =============================================================================================

@@ -376,6 +376,8 @@ TEST(ConfigExamples, UpstreamSockets) {
     EXPECT_EQ(c.clusters.at(0).source.toString(), "127.0.0.2:0");
     EXPECT_EQ(c.clusters.at(0).tcp_keepalive.idle, 60s);
     EXPECT_EQ(c.listeners.at(0).tcp_keepalive.count, 4u);
+    EXPECT_EQ(c.listeners.at(0).tcp_keepalive.user_timeout, 60s);
+    EXPECT_EQ(c.clusters.at(0).tcp_keepalive.user_timeout, 0s) << "unset: the kernel's";
 }
 
 TEST(ConfigExamples, AccessLog) {
@@ -542,7 +544,8 @@ TEST(RunAsConfig, DefaultLeavesItUnsetAndTheExampleNamesBoth) {
     EXPECT_EQ(c.group, "");
     EXPECT_NE(defaultConfigYaml().find("\n# user:\n"), std::string_view::npos);
     EXPECT_NE(defaultConfigYaml().find("\n# group:\n"), std::string_view::npos);
-    EXPECT_EQ(renderConfig(c).find("user"), std::string::npos) << "unset is not rendered";
+    EXPECT_EQ(renderConfig(c).find("\nuser:"), std::string::npos) << "unset is not rendered";
+    EXPECT_EQ(renderConfig(c).find("\ngroup:"), std::string::npos) << "unset is not rendered";
 }
 
 TEST(ConfigExamples, Unprivileged) {
