@@ -169,6 +169,14 @@ class FlowDropRule {
 // relay set on them. In /proc/PID/fd order.
 std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_ports);
 
+// Built with ASan or TSan (tests/sanitize): the relay and the test run several times slower, so
+// cases whose size only adds volume move less.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
 // The three data paths a listener can run (`mode:`), for the TEST_Ps that cover each of them.
 inline const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
 inline std::string modeName(const ::testing::TestParamInfo<std::string>& info) {
