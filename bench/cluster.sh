@@ -96,25 +96,12 @@ BACKEND_PIDS=()
 
 # start_backends ECHO_ARGS...: 4 echo servers on LOAD_CPU, kernel-picked ports.
 start_backends() {
-    local i out pid port deadline
+    local i port
     BACKEND_PORTS=()
     BACKEND_PIDS=()
     for ((i = 0; i < N_BACKENDS; i++)); do
-        out="$WORK/backend-$i.out"
-        taskset -c "$LOAD_CPU" "$BENCH/echo_server" --port 0 --seconds "$BACKEND_LIFETIME" "$@" \
-            >"$out" 2>"$WORK/backend-$i.err" </dev/null &
-        pid=$!
-        OWN_PIDS+=("$pid")
-        deadline=$((SECONDS + 10))
-        port=""
-        until [[ -n "$port" ]]; do
-            port=$(head -n1 "$out" 2>/dev/null | grep -E '^[0-9]+$' || true)
-            [[ -n "$port" ]] && break
-            is_alive "$pid" && ((SECONDS < deadline)) ||
-                die "echo_server $i did not start: $(cat "$WORK/backend-$i.err")"
-            sleep 0.02
-        done
-        BACKEND_PIDS+=("$pid")
+        start_port_server port "backend-$i" "$BENCH/echo_server" --port 0 --seconds "$BACKEND_LIFETIME" "$@"
+        BACKEND_PIDS+=("$SERVER_PID")
         BACKEND_PORTS+=("$port")
     done
     log "backends: echo_server $* on 127.0.0.1:$(IFS=,; echo "${BACKEND_PORTS[*]}") (CPU $LOAD_CPU)"

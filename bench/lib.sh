@@ -34,6 +34,28 @@ pick_port() {
     die "no free port in $PORT_BASE..$((PORT_BASE + 1999))"
 }
 
+# start_port_server PORT_VAR NAME ARGV...: runs ARGV on LOAD_CPU in the background (its PID in
+# OWN_PIDS and in SERVER_PID), stdout/stderr in $WORK/NAME.out/.err, and waits (bounded, 10 s)
+# for its first line: the port it listens on, as bench/'s echo_server, transfer and pingpong
+# print it. The caller defines LOAD_CPU, WORK and die().
+start_port_server() {
+    local -n _port=$1
+    local name=$2 out="$WORK/$2.out" deadline line=""
+    shift 2
+    taskset -c "$LOAD_CPU" "$@" >"$out" 2>"$WORK/$name.err" </dev/null &
+    SERVER_PID=$!
+    OWN_PIDS+=("$SERVER_PID")
+    deadline=$((SECONDS + 10))
+    until [[ -n "$line" ]]; do
+        line=$(head -n1 "$out" 2>/dev/null | grep -E '^[0-9]+$' || true)
+        [[ -n "$line" ]] && break
+        is_alive "$SERVER_PID" && ((SECONDS < deadline)) ||
+            die "$name did not start: $(cat "$WORK/$name.err")"
+        sleep 0.02
+    done
+    _port=$line
+}
+
 # cleanup: stops every process the script started (the PIDs in OWN_PIDS, and only those),
 # politely first, then removes the scratch directory $WORK. Meant for `trap cleanup EXIT`.
 cleanup() {

@@ -93,33 +93,15 @@ usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit "${1:-0}
 
 # ---------------------------------------------------------------- servers
 
-SINK_PORT="" PP_PORT="" SERVER_PIDS=()
+SINK_PORT="" PP_PORT=""
 
-# start_server VAR NAME ARGV...: ARGV on LOAD_CPU; waits (bounded) for its first line, the port.
-start_server() {
-    local -n _port=$1
-    local name=$2 out="$WORK/$2.out" pid deadline line=""
-    shift 2
-    taskset -c "$LOAD_CPU" "$@" >"$out" 2>"$WORK/$name.err" </dev/null &
-    pid=$!
-    OWN_PIDS+=("$pid")
-    SERVER_PIDS+=("$pid")
-    deadline=$((SECONDS + 10))
-    until [[ -n "$line" ]]; do
-        line=$(head -n1 "$out" 2>/dev/null | grep -E '^[0-9]+$' || true)
-        [[ -n "$line" ]] && break
-        is_alive "$pid" && ((SECONDS < deadline)) || die "$name did not start: $(cat "$WORK/$name.err")"
-        sleep 0.02
-    done
-    _port=$line
-}
-
+# Both on LOAD_CPU; start_port_server (lib.sh) waits for the port each prints.
 start_servers() {
     local port   # not "p": pick_port has a local p of its own
     pick_port port
-    start_server SINK_PORT sink "$BENCH/transfer" sink --listen "127.0.0.1:$port" --seconds "$SERVER_LIFETIME"
+    start_port_server SINK_PORT sink "$BENCH/transfer" sink --listen "127.0.0.1:$port" --seconds "$SERVER_LIFETIME"
     pick_port port
-    start_server PP_PORT pingpong "$BENCH/pingpong" server --listen "127.0.0.1:$port" --size "$PP_SIZE" \
+    start_port_server PP_PORT pingpong "$BENCH/pingpong" server --listen "127.0.0.1:$port" --size "$PP_SIZE" \
         --seconds "$SERVER_LIFETIME"
     log "servers: transfer sink on 127.0.0.1:$SINK_PORT, pingpong server on 127.0.0.1:$PP_PORT (CPU $LOAD_CPU)"
 }

@@ -245,6 +245,27 @@ class ProxyFixture {
     }
     Connected connectClient() { return connectTo(relay_.host(), relay_.port()); }
 
+    // Listener t in `mode` accepting PROXY headers, in front of `up` (its cluster sends
+    // `send_proxy`).
+    void startAcceptingRelay(const ScriptedUpstream& up, const std::string& mode,
+                             const std::string& send_proxy) {
+        ASSERT_TRUE(up.ok()) << up.error();
+        ASSERT_NO_FATAL_FAILURE(startRelay(
+            clusterConfig(mode, AF_INET, clusterYaml(send_proxy, {up.hostPort()}), kAcceptProxy),
+            mode));
+    }
+
+    // What `up` received (recorded by `cap`) is `header` then the client's `payload` bytes; the
+    // client then closes and the connection is counted done.
+    void expectRelayed(Capture& cap, ScriptedUpstream& up, Connected& client,
+                       const std::string& header, uint64_t payload) {
+        std::optional<std::string> got = cap.wait(up, 0);
+        ASSERT_TRUE(got);
+        expectHeaderThenPayload(*got, header, payload);
+        client.fd.reset();
+        expectDone(payload);
+    }
+
     // One finished connection that moved `upstream_bytes` (the client's, no header) and closed
     // normally.
     void expectDone(uint64_t upstream_bytes) {
@@ -634,10 +655,7 @@ TEST_P(AcceptProxyTest, HeaderConsumedPayloadExactSourceFromHeader) {
     const AcceptCase& c = GetParam();
     Capture cap;
     ScriptedUpstream up(AF_INET, cap.script());
-    ASSERT_TRUE(up.ok()) << up.error();
-    ASSERT_NO_FATAL_FAILURE(startRelay(
-        clusterConfig(c.mode, AF_INET, clusterYaml(c.send_proxy, {up.hostPort()}), kAcceptProxy),
-        c.mode));
+    ASSERT_NO_FATAL_FAILURE(startAcceptingRelay(up, c.mode, c.send_proxy));
 
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
@@ -681,9 +699,7 @@ TEST_P(SplitHeaderTest, OneByteWritesStillParse) {
     const SplitCase& c = GetParam();
     Capture cap;
     ScriptedUpstream up(AF_INET, cap.script());
-    ASSERT_TRUE(up.ok()) << up.error();
-    ASSERT_NO_FATAL_FAILURE(startRelay(
-        clusterConfig(c.mode, AF_INET, clusterYaml("v2", {up.hostPort()}), kAcceptProxy), c.mode));
+    ASSERT_NO_FATAL_FAILURE(startAcceptingRelay(up, c.mode, "v2"));
 
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
@@ -698,11 +714,7 @@ TEST_P(SplitHeaderTest, OneByteWritesStillParse) {
         std::this_thread::sleep_for(Millis{10});
     }
     ASSERT_NO_FATAL_FAILURE(sendThenFinish(client.fd.get(), "", 256 * kKiB));
-    std::optional<std::string> got = cap.wait(up, 0);
-    ASSERT_TRUE(got);
-    expectHeaderThenPayload(*got, v2Header(c.header.src, c.header.dst), 256 * kKiB);
-    client.fd.reset();
-    expectDone(256 * kKiB);
+    expectRelayed(cap, up, client, v2Header(c.header.src, c.header.dst), 256 * kKiB);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SplitHeaderTest, ::testing::ValuesIn(splitCases()),
@@ -902,9 +914,7 @@ TEST_P(AddresslessHeaderTest, RealPeerIsTheClient) {
     const AddresslessCase& c = GetParam();
     Capture cap;
     ScriptedUpstream up(AF_INET, cap.script());
-    ASSERT_TRUE(up.ok()) << up.error();
-    ASSERT_NO_FATAL_FAILURE(startRelay(
-        clusterConfig(c.mode, AF_INET, clusterYaml("v2", {up.hostPort()}), kAcceptProxy), c.mode));
+    ASSERT_NO_FATAL_FAILURE(startAcceptingRelay(up, c.mode, "v2"));
 
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
@@ -912,11 +922,7 @@ TEST_P(AddresslessHeaderTest, RealPeerIsTheClient) {
     std::optional<Endpoint> dst = socketEndpoint(client.fd.get(), true);
     ASSERT_TRUE(src && dst);
     ASSERT_NO_FATAL_FAILURE(sendThenFinish(client.fd.get(), c.header.bytes, 256 * kKiB));
-    std::optional<std::string> got = cap.wait(up, 0);
-    ASSERT_TRUE(got);
-    expectHeaderThenPayload(*got, v2Header(*src, *dst), 256 * kKiB);
-    client.fd.reset();
-    expectDone(256 * kKiB);
+    expectRelayed(cap, up, client, v2Header(*src, *dst), 256 * kKiB);
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, AddresslessHeaderTest, ::testing::ValuesIn(addresslessCases()),
