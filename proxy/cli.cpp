@@ -35,6 +35,8 @@ const Flag kFlags[] = {
      "worker threads, 1..256 (overrides the config; default: one per online CPU)"},
     {"--metrics", "", "ADDR|off", &CliOptions::metrics, CliAction::Run,
      "Prometheus scrape address, or off (overrides the config)"},
+    {"--max-config-size", "", "SIZE", &CliOptions::max_config_size, CliAction::Run,
+     "refuse a config file larger than SIZE (default 1MiB, at most 64MiB)"},
     {"--version", "", "", nullptr, CliAction::Version, "print the version and exit"},
     {"--help", "-h", "", nullptr, CliAction::Help, "print this help and exit"},
 };
@@ -87,11 +89,23 @@ CliOptions parseCli(const std::vector<std::string>& args) {
     if (options.listen && options.config_path) {
         fail("--listen/--upstream replace the config file; use one or the other");
     }
+    if (options.max_config_size) maxConfigSize(options);  // a bad size is a usage error
     return options;
 }
 
+uint64_t maxConfigSize(const CliOptions& options) {
+    if (!options.max_config_size) return kMaxConfigSize;
+    const auto size = parseSize(*options.max_config_size);
+    if (!size) fail("--max-config-size: " + size.error());
+    if (*size < 1024 || *size > (64u << 20))
+        fail("--max-config-size: " + quoted(*options.max_config_size) +
+             " is out of range (1KiB..64MiB)");
+    return *size;
+}
+
 Config resolveConfig(const CliOptions& options) {
-    Config config = options.config_path ? loadConfigFile(*options.config_path)
+    const uint64_t max_size = maxConfigSize(options);
+    Config config = options.config_path ? loadConfigFile(*options.config_path, max_size)
                                         : loadConfigString(defaultConfigYaml(), "<default>");
     // The shorthand is the default config's one listener ("default") with both ends replaced.
     if (options.listen) {

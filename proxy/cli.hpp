@@ -20,6 +20,7 @@ struct CliOptions {
     std::optional<std::string> mode;
     std::optional<std::string> workers;
     std::optional<std::string> metrics;  // --metrics ADDR | --metrics off
+    std::optional<std::string> max_config_size;  // --max-config-size SIZE (kMaxConfigSize)
 };
 
 // Throws ConfigError naming the flag ("--workers: expected a number, got \"x\"", "unknown option
@@ -30,6 +31,8 @@ CliOptions parseCli(const std::vector<std::string>& args);
 // shorthand flags applied on top and validated exactly like the YAML (same messages, source
 // "<command line>"). Throws ConfigError.
 Config resolveConfig(const CliOptions& options);
+// --max-config-size, or kMaxConfigSize. Throws ConfigError.
+uint64_t maxConfigSize(const CliOptions& options);
 
 std::string usageText();
 

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -18,6 +19,8 @@
 #include <span>
 #include <type_traits>
 #include <variant>
+
+#include "unique_fd.hpp"
 
 namespace zcrelay {
 namespace {
@@ -115,7 +118,7 @@ struct Key {
     bool required = false;
     uint64_t min = 0;  // inclusive range: counts, bytes for sizes, milliseconds for durations
     uint64_t max = 0;
-    std::string_view help;  // one line, for the example config
+    std::string_view help;       // one line, for the example config
     bool zero_is_unset = false;  // 0 means "not set" (resolved later) and renders as absent
 };
 
@@ -318,6 +321,31 @@ const Key<MetricsConfig> kMetricsKeys[] = {
      .member = &MetricsConfig::enabled,
      .fallback = "true",
      .help = "false disables metrics"},
+    {.name = "health_listen",
+     .kind = Kind::OptionalAddress,
+     .member = &MetricsConfig::health_listen,
+     .help = "also serve /healthz and /readyz here, apart from scrapes; \"\" = only on listen"},
+    {.name = "request_timeout",
+     .kind = Kind::Duration,
+     .member = &MetricsConfig::request_timeout,
+     .fallback = "5s",
+     .min = ms(10ms),
+     .max = ms(10min),
+     .help = "a whole request, a response, or a keep-alive wait may take this long"},
+    {.name = "max_connections",
+     .kind = Kind::Count,
+     .member = &MetricsConfig::max_connections,
+     .fallback = "64",
+     .min = 1,
+     .max = 1024,
+     .help = "open at once, per address; past it the oldest idle one is closed"},
+    {.name = "max_request_size",
+     .kind = Kind::Size,
+     .member = &MetricsConfig::max_request_size,
+     .fallback = "8KiB",
+     .min = 2 * kKiB,
+     .max = 1 * kMiB,
+     .help = "request line and headers, at most; larger ones are answered 431"},
 };
 
 const Key<ListenerConfig> kListenerKeys[] = {
@@ -577,7 +605,7 @@ std::map<std::string, YAML::Node> parseMap(std::string_view source, const YAML::
     std::vector<std::string> given;
     for (const auto& pair : map) {
         const std::string name = pair.first.IsScalar() ? pair.first.Scalar() : "?";
-        const Where key_at = whereOf(source, pair.first, prefix + name);
+        const Where key_at = whereOf(source, pair.first, prefix + clipped(name));
         if (std::find(given.begin(), given.end(), name) != given.end()) {
             fail(key_at, "key given twice");
         }
@@ -597,7 +625,8 @@ std::map<std::string, YAML::Node> parseMap(std::string_view source, const YAML::
         }
         const YAML::Node& value = pair.second;
         // A missing value has the mark of whatever follows it, often the next line: use the key's.
-        const Where value_at = value.IsNull() ? key_at : whereOf(source, value, prefix + name);
+        const Where value_at =
+            value.IsNull() ? key_at : whereOf(source, value, prefix + clipped(name));
         if (!value.IsScalar()) {
             fail(value_at, "expected " + expectedText(*key) + ", got " + typeName(value));
         }
@@ -835,7 +864,17 @@ void resolveRunAs(std::string_view source, const YAML::Node& root, Config& confi
 Config parseConfig(std::string_view yaml, std::string_view source) {
     YAML::Node root;
     try {
-        root = YAML::Load(std::string(yaml));
+        // Every document, not just the first: a second one after `---` would otherwise be
+        // dropped without a word, and with it whatever its author meant to configure. An empty
+        // one (a trailing `---`, as generated manifests end) configures nothing and may stay.
+        const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
+        for (size_t i = 1; i < documents.size(); ++i) {
+            if (documents[i].IsNull()) continue;
+            const std::string which = "(document " + std::to_string(i + 1) + ")";
+            fail(whereOf(source, documents[i], which),
+                 "a second YAML document (after `---`); the config is one document");
+        }
+        if (!documents.empty()) root = documents[0];
     } catch (const YAML::ParserException& e) {
         std::string what = e.msg;
         // An unquoted "[::1]:80" opens a YAML flow sequence; the parser's complaint hides that.
@@ -857,6 +896,17 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
     parseNestedMap<MetricsConfig>(source, nested, "metrics", "metrics", kMetricsKeys,
                                   config.metrics);
     config.metrics.enabled = config.metrics.enabled && config.metrics.listen.length != 0;
+    if (const auto metrics = nested.find("metrics"); metrics != nested.end()) {
+        checkTcpAddress(source, metrics->second, "listen", "metrics", config.metrics.listen);
+        checkTcpAddress(source, metrics->second, "health_listen", "metrics",
+                        config.metrics.health_listen);
+        if (config.metrics.health_listen.length != 0 &&
+            config.metrics.health_listen == config.metrics.listen &&
+            config.metrics.listen.port() != 0) {
+            fail(whereOfKey(source, metrics->second, "health_listen", "metrics.health_listen"),
+                 "is the same address as metrics.listen; leave it unset to serve probes there");
+        }
+    }
     parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
                                     config.access_log);
     resolveRunAs(source, root, config);
@@ -912,12 +962,12 @@ std::string renderValue(const T& target, const Key<T>& key) {
         if constexpr (std::is_same_v<V, Duration>) return formatDuration(value);
         // IPv6 must be quoted: a plain "[" would open a YAML sequence.
         if constexpr (std::is_same_v<V, SocketAddress>)
-            return value.family() == AF_INET ? value.toString() : quoted(value.toString());
+            return value.family() == AF_INET ? value.toString() : yamlQuoted(value.toString());
         if constexpr (std::is_enum_v<V>) return std::string(Choices<V>::name(value));
         if constexpr (std::is_same_v<V, std::string>) {
             if (key.kind == Kind::Text) return yamlQuoted(value);
             // Quoted so names such as "null" or "-" read back as the same string.
-            return value.empty() ? "" : quoted(value);
+            return value.empty() ? "" : yamlQuoted(value);
         }
         if constexpr (std::is_same_v<V, bool>) return value ? "true" : "false";
     };
@@ -1058,24 +1108,63 @@ std::string_view modeName(Mode m) {
 }
 
 Config loadConfigString(std::string_view yaml, std::string_view source) {
-    Config config = parseConfig(yaml, source);
-    if (config.workers == 0) config.workers = onlineCpus();
-    return config;
+    // Whatever goes wrong while loading is a refused config, never an exception that ends the
+    // process: yaml-cpp's own (a node read as what it is not), memory running out.
+    try {
+        Config config = parseConfig(yaml, source);
+        if (config.workers == 0) config.workers = onlineCpus();
+        return config;
+    } catch (const ConfigError&) {
+        throw;
+    } catch (const std::bad_alloc&) {
+        throw ConfigError(std::string(source) + ": out of memory while loading the config");
+    } catch (const std::exception& e) {
+        throw ConfigError(std::string(source) + ": " + clipped(e.what()));
+    }
 }
 
-Config loadConfigFile(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+namespace {
+
+const char* fileKind(mode_t mode) {
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    return "not a regular file";
+}
+
+}  // namespace
+
+Config loadConfigFile(const std::string& path, uint64_t max_size) {
+    // O_NONBLOCK: opening a FIFO waits for a writer otherwise, forever if none comes, and would
+    // hold the thread that takes SIGTERM; the fstat below then refuses it. O_NOCTTY: a terminal
+    // named as the config never becomes the process's controlling terminal.
+    UniqueFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+    if (!fd) throw ConfigError(path + ": cannot read: " + std::strerror(errno));
+    struct stat st {};
+    if (fstat(fd.get(), &st) < 0)
+        throw ConfigError(path + ": cannot stat: " + std::strerror(errno));
+    // Only a regular file has an end: /dev/zero or /dev/urandom would be read until memory runs
+    // out, a FIFO or a socket until its writer stops.
+    if (!S_ISREG(st.st_mode))
+        throw ConfigError(path + ": is " + fileKind(st.st_mode) +
+                          "; the config must be a regular file");
+    const auto too_large = [&] {
+        return ConfigError(path + ": larger than " + formatSize(max_size) +
+                           ", the most a config file may hold (--max-config-size)");
+    };
+    if (static_cast<uint64_t>(st.st_size) > max_size) throw too_large();
+    // Read at most one byte past the cap: a file that grew since fstat is refused all the same.
     std::string text;
-    int error = fd < 0 ? errno : 0;
-    for (char buf[8192]; error == 0;) {
-        const ssize_t n = read(fd, buf, sizeof(buf));
+    for (char buf[8192];;) {
+        const ssize_t n = read(fd.get(), buf, sizeof(buf));
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) error = errno;
-        if (n <= 0) break;
+        if (n < 0) throw ConfigError(path + ": cannot read: " + std::strerror(errno));
+        if (n == 0) break;
         text.append(buf, static_cast<size_t>(n));
+        if (text.size() > max_size) throw too_large();
     }
-    if (fd >= 0) close(fd);
-    if (error != 0) throw ConfigError(path + ": cannot read: " + std::strerror(error));
     return loadConfigString(text, path);
 }
 

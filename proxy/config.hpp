@@ -117,9 +117,15 @@ struct ListenerConfig {
     bool operator==(const ListenerConfig&) const = default;
 };
 
+// The HTTP endpoint of /metrics, /healthz and /readyz (http_server.hpp has what each limit
+// does).
 struct MetricsConfig {
     bool enabled = true;   // `metrics: {listen: ""}` or `metrics: {enabled: false}` turns it off
     SocketAddress listen;  // default 127.0.0.1:9100
+    SocketAddress health_listen;  // unset: probes are served on `listen` only
+    Duration request_timeout = std::chrono::seconds(5);
+    unsigned max_connections = 64;  // per address served
+    uint64_t max_request_size = 8192;
 
     bool operator==(const MetricsConfig&) const = default;
 };
@@ -168,7 +174,10 @@ class ConfigError : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-Config loadConfigFile(const std::string& path);
+// Reads only a regular file of at most `max_size` bytes (without blocking on a FIFO, without
+// reading a device until memory runs out); anything else is a ConfigError naming what it is.
+inline constexpr uint64_t kMaxConfigSize = 1 << 20;
+Config loadConfigFile(const std::string& path, uint64_t max_size = kMaxConfigSize);
 // `source` names the text in errors (a file name, "<default>", "<command line>").
 Config loadConfigString(std::string_view yaml, std::string_view source);
 

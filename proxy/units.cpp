@@ -135,6 +135,19 @@ std::string formatSize(uint64_t bytes) {
     return std::to_string(bytes);
 }
 
-std::string quoted(std::string_view text) { return "\"" + std::string(text) + "\""; }
+std::string clipped(std::string_view text) {
+    if (text.size() <= kQuoteBytes) return std::string(text);
+    // Cut before a UTF-8 continuation byte, not inside a character.
+    size_t cut = kQuoteBytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    return std::string(text.substr(0, cut)) + "...(" + std::to_string(text.size()) + " bytes)";
+}
+
+std::string quoted(std::string_view text) {
+    if (text.size() <= kQuoteBytes) return "\"" + std::string(text) + "\"";
+    std::string cut = clipped(text);
+    const size_t end = cut.rfind("...(");
+    return "\"" + cut.substr(0, end) + "\"" + cut.substr(end);
+}
 
 }  // namespace zcrelay

@@ -18,8 +18,12 @@ tl::expected<Duration, std::string> parseDuration(std::string_view text);
 // what HAProxy's tune.pipesize and nginx sizes mean). Overflow of uint64 is an error.
 tl::expected<uint64_t, std::string> parseSize(std::string_view text);
 
-// `text` in double quotes, as config errors show the offending value.
+// `text` in double quotes, as config errors show the offending value: at most kQuoteBytes of
+// it, so a 10 MiB value costs the error line 80 bytes and its length, not 10 MiB.
+inline constexpr size_t kQuoteBytes = 80;
 std::string quoted(std::string_view text);
+// The same cut without the quotes, for a key name in an error's key path.
+std::string clipped(std::string_view text);
 
 // Shortest exact form: 300000ms -> "5m", 1500ms -> "1500ms"; 1048576 -> "1MiB", 1000 -> "1000".
 std::string formatDuration(Duration d);

@@ -1,6 +1,7 @@
 #include "config.hpp"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -287,7 +288,66 @@ TEST(LoadConfigFile, UnreadableFileSaysWhy) {
     EXPECT_EQ(errorOf([&] { loadConfigFile(path); }),
               path + ": cannot read: No such file or directory");
     EXPECT_EQ(errorOf([&] { loadConfigFile(dataPath("")); }),
-              dataPath("") + ": cannot read: Is a directory");
+              dataPath("") + ": is a directory; the config must be a regular file");
+}
+
+// What is not a regular file is refused before a byte is read: a FIFO would block the reader
+// until a writer comes (a SIGHUP's reload, forever), a device such as /dev/zero would be read
+// until memory runs out.
+TEST(LoadConfigFile, RefusesWhatIsNotARegularFile) {
+    const std::string dir = testing::TempDir() + "zcrelay-config-kinds";
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    const std::string fifo = dir + "/fifo.yaml";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_EQ(errorOf([&] { loadConfigFile(fifo); }),
+              fifo + ": is a FIFO; the config must be a regular file");
+    const std::string zero = dir + "/zero.yaml";
+    std::filesystem::create_symlink("/dev/zero", zero);
+    EXPECT_EQ(errorOf([&] { loadConfigFile(zero); }),
+              zero + ": is a character device; the config must be a regular file");
+    std::filesystem::remove_all(dir);
+}
+
+// The cap is on the bytes read, whatever fstat said; the message names the cap.
+TEST(LoadConfigFile, RefusesAFileLargerThanTheCap) {
+    const std::string path = testing::TempDir() + "zcrelay-config-big.yaml";
+    {
+        std::ofstream out(path);
+        out << kOneListener << "# " << std::string(4096, 'x') << "\n";
+    }
+    EXPECT_EQ(errorOf([&] { loadConfigFile(path, 4096); }),
+              path + ": larger than 4KiB, the most a config file may hold (--max-config-size)");
+    EXPECT_NO_THROW(loadConfigFile(path, 8192));
+    EXPECT_EQ(errorOf([&] { loadConfigFile(path); }), "(no error)") << "1MiB by default";
+    std::filesystem::remove(path);
+}
+
+TEST(LoadConfig, RefusesASecondYamlDocument) {
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "---\nworkers: 1\n"),
+              "t.yaml:5:1: (document 2): a second YAML document (after `---`); the config is "
+              "one document");
+    // One document that starts with `---` is still one document, and an empty one after it
+    // (a trailing `---`) configures nothing to lose.
+    EXPECT_EQ(errorOfYaml(std::string("---\n") + kOneListener), "(no error)");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "---\n# nothing\n"), "(no error)");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "---\n---\nworkers: 1\n"),
+              "t.yaml:6:1: (document 3): a second YAML document (after `---`); the config is "
+              "one document");
+}
+
+// A value of megabytes is quoted in kQuoteBytes and its length: the error stays a line.
+TEST(LoadConfig, ErrorsQuoteALongValueInEightyBytes) {
+    const std::string name(1 << 20, 'n');
+    const std::string error = errorOfYaml("listeners:\n  - name: " + name +
+                                          "\n    listen: 127.0.0.1:1\n    upstream: 127.0.0.1:2\n");
+    EXPECT_LT(error.size(), 300u) << error.substr(0, 300);
+    EXPECT_NE(error.find("\"" + std::string(kQuoteBytes, 'n') + "\"...(1048576 bytes)"),
+              std::string::npos)
+        << error;
+    // A key of megabytes too.
+    const std::string key_error = errorOfYaml(std::string(kOneListener) + name + ": 1\n");
+    EXPECT_LT(key_error.size(), 600u) << key_error.substr(0, 600);
 }
 
 TEST(ApplyFlag, ChecksLikeTheYamlKeyAndNamesTheFlag) {

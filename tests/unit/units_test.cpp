@@ -108,5 +108,18 @@ TEST(Format, ParsesBackToTheSameValue) {
     }
 }
 
+// Errors quote at most kQuoteBytes of a value, then its length; never half a UTF-8 character.
+TEST(Quoted, ShortTextWholeLongTextCutWithItsLength) {
+    EXPECT_EQ(zcrelay::quoted("abc"), "\"abc\"");
+    EXPECT_EQ(zcrelay::quoted(std::string(kQuoteBytes, 'a')), "\"" + std::string(kQuoteBytes, 'a') + "\"");
+    EXPECT_EQ(zcrelay::quoted(std::string(100, 'a')),
+              "\"" + std::string(kQuoteBytes, 'a') + "\"...(100 bytes)");
+    EXPECT_EQ(clipped(std::string(100, 'a')), std::string(kQuoteBytes, 'a') + "...(100 bytes)");
+    // "é" is two bytes; the cut would fall between them.
+    const std::string text = std::string(kQuoteBytes - 1, 'a') + "\xc3\xa9" + "tail";
+    EXPECT_EQ(clipped(text), std::string(kQuoteBytes - 1, 'a') + "...(" +
+                                 std::to_string(text.size()) + " bytes)");
+}
+
 }  // namespace
 }  // namespace zcrelay
