@@ -9,8 +9,8 @@
 #
 # What differs between the sides: the per-worker counters are plain integers that zcrelay
 # updates whether the endpoint is on or not (proxy/metrics.cpp), so "off" is not "no metrics"
-# but "no endpoint, no scrapes". "on" adds the endpoint's civetweb threads (on RELAY_CPU with
-# the worker: they inherit its affinity), the summing of every worker's counters at each scrape,
+# but "no endpoint, no scrapes". "on" adds the endpoint's thread (on RELAY_CPU with
+# the worker: it inherits its affinity), the summing of every worker's counters at each scrape,
 # and the scraper's own CPU on LOAD_CPU, which the load generator shares.
 #
 #   off   taskset -c RELAY_CPU zcrelay --listen 127.0.0.1:P --upstream 127.0.0.1:U --mode splice
@@ -39,7 +39,7 @@
 #           (one epoll thread). req/s, relay CPU µs per round trip.
 # Runs are interleaved: round r runs each side once, off first in odd rounds and on first in
 # even ones, so drift of the machine does not favour a side. The relay's CPU is utime+stime of
-# its process (all threads, civetweb's included; /proc/PID/stat via relays.sh's
+# its process (all threads, the endpoint's included; /proc/PID/stat via relays.sh's
 # relay_cpu_ticks) from just before the load starts to just after it ends. After each "on" run,
 # outside that window, one more scrape checks that zcrelay_bytes_total (upstream) counted at
 # least the bytes the load sent; the last one per workload is kept.

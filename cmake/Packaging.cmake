@@ -46,7 +46,7 @@ set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 set(CPACK_DEBIAN_PACKAGE_MAINTAINER "${CPACK_PACKAGE_CONTACT}")
 # Depends from what the binary really links (dpkg-shlibdeps on the staged binary): liburing2,
-# libbpf1, libyaml-cpp0.7, libprometheus-cpp-core1.0, libcivetweb1, libstdc++6, libgcc-s1, libc6
+# libbpf1, libyaml-cpp0.7, libprometheus-cpp-core1.0, libmicrohttpd12, libstdc++6, libgcc-s1, libc6
 # when this was written; tests/deploy/deb_test.sh checks it against readelf and ldd.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
 # The unit's ExecReload runs /bin/kill.

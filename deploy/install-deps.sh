@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake pkg-config
-  liburing-dev libyaml-cpp-dev prometheus-cpp-dev libexpected-dev
+  liburing-dev libyaml-cpp-dev prometheus-cpp-dev libexpected-dev libmicrohttpd-dev
   # BPF (sockmap data path): clang -target bpf, bpftool skeletons, libbpf
   libbpf-dev bpftool clang llvm clang-format
   # tests

@@ -7,11 +7,12 @@
 #include <cstdio>
 #include <limits>
 
+#include "access_log.hpp"
 #include "address.hpp"
 #include "config.hpp"
+#include "process_shared.hpp"
 #include "process_stats.hpp"
 #include "runtime.hpp"
-#include "worker.hpp"
 
 namespace zcrelay {
 namespace {
@@ -195,6 +196,27 @@ class Collector : public prometheus::Collectable {
                        "Access log lines dropped because the writer fell behind.",
                        MetricType::Counter);
         dropped.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
+        Family signals("zcrelay_signals_total",
+                       "Signals taken, by name (what each does: README, Signals).",
+                       MetricType::Counter);
+        for (size_t i = 0; i < kSignals.size(); ++i)
+            signals.add({{"signal", std::string(kSignals[i].name)}},
+                        static_cast<double>(process_->signals[i].load()));
+        const HttpStats& http = process_->endpoint;
+        Family endpoint_rejected(
+            "zcrelay_metrics_endpoint_rejected_total",
+            "Connections the metrics endpoint closed and requests it refused, by reason.",
+            MetricType::Counter);
+        for (size_t r = 0; r < kHttpRejectLabels.size(); ++r)
+            endpoint_rejected.add({{"reason", std::string(kHttpRejectLabels[r])}},
+                                  static_cast<double>(http.rejected[r].load()));
+        Family endpoint_requests("zcrelay_metrics_endpoint_requests_total",
+                                 "Requests the metrics endpoint answered from a path it serves.",
+                                 MetricType::Counter);
+        endpoint_requests.add({}, static_cast<double>(http.requests.load()));
+        Family endpoint_conns("zcrelay_metrics_endpoint_connections",
+                              "Connections open to the metrics endpoint now.", MetricType::Gauge);
+        endpoint_conns.add({}, static_cast<double>(http.connections.load()));
 
         for (Family* f : {&fallbacks,
                           &per_worker,
@@ -218,7 +240,11 @@ class Collector : public prometheus::Collectable {
                           &info,
                           &generation,
                           &reloads,
-                          &dropped})
+                          &dropped,
+                          &signals,
+                          &endpoint_rejected,
+                          &endpoint_requests,
+                          &endpoint_conns})
             out.push_back(f->take());
         return out;
     }

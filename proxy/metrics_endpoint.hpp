@@ -1,19 +1,21 @@
 #pragma once
-// The HTTP endpoint on metrics.listen, one civetweb server with three paths:
+// The paths the control plane serves over HTTP (http_server.hpp):
 //   /metrics  the Prometheus text format of the Collectable (metrics.hpp), built per scrape;
 //   /healthz  200 "ok" while the relay is alive (no worker died), 500 with the reason otherwise;
 //   /readyz   200 "ready" when the relay can serve: not draining, and every listener's cluster
 //             has a backend up; 503 with the first reason otherwise. For load balancers and
 //             Kubernetes readiness probes.
-// It runs on civetweb's own threads (two: a probe is answered during a slow scrape) and only
-// reads what the workers publish; it never touches a ring.
+// All three on metrics.listen; with metrics.health_listen, /healthz and /readyz also on a port
+// of their own, with its own thread and connection cap, so probes never queue behind scrapes.
+// Only reads what the workers publish; never touches a ring.
 #include <functional>
 #include <memory>
 #include <string>
+#include <tl/expected.hpp>
 
-#include "address.hpp"
+#include "config.hpp"
+#include "http_server.hpp"
 
-class CivetServer;
 namespace prometheus {
 class Collectable;
 }
@@ -22,22 +24,22 @@ namespace zcrelay {
 
 class MetricsEndpoint {
   public:
-    // Each check returns "" when fine, or the reason it is not. Throws std::exception if the
-    // address cannot be bound (start-up only).
-    MetricsEndpoint(const SocketAddress& listen, std::shared_ptr<prometheus::Collectable> metrics,
-                    std::function<std::string()> unhealthy, std::function<std::string()> unready);
-    ~MetricsEndpoint();
-    MetricsEndpoint(const MetricsEndpoint&) = delete;
-    MetricsEndpoint& operator=(const MetricsEndpoint&) = delete;
+    // Each check returns "" when fine, or the reason it is not. The error names the address
+    // that could not be served (start-up only).
+    static tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> start(
+        const MetricsConfig& config, std::shared_ptr<prometheus::Collectable> metrics,
+        std::function<std::string()> unhealthy, std::function<std::string()> unready,
+        HttpStats& stats);
 
-    uint16_t port() const;
+    uint16_t port() const { return metrics_->address().port(); }
+    // 0 without health_listen.
+    uint16_t healthPort() const { return health_ ? health_->address().port() : 0; }
 
   private:
-    class Handler;
+    MetricsEndpoint() = default;
 
-    SocketAddress address_;
-    std::unique_ptr<Handler> metrics_, healthz_, readyz_;
-    std::unique_ptr<CivetServer> server_;
+    std::unique_ptr<HttpServer> metrics_;
+    std::unique_ptr<HttpServer> health_;
 };
 
 }  // namespace zcrelay

@@ -6,7 +6,7 @@
 //   thread, not to the process; a new thread copies its creator's. glibc's set*id() and
 //   setgroups() are the exception: they signal every thread to change its ids too. So the drop
 //   runs on the main thread before any other thread exists (Server::start), and every thread
-//   started later (workers, the access log writer, civetweb's) inherits the reduced sets.
+//   started later (workers, the access log writer, the metrics endpoint's) inherits the reduced sets.
 // - PR_CAPBSET_DROP needs CAP_SETPCAP in the effective set, which a uid 0 -> nonzero switch
 //   clears: the bounding set is cut first, while still root. Cutting it leaves the permitted
 //   set alone, so CAP_SETUID/CAP_SETGID still work for the next steps.

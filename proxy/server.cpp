@@ -83,11 +83,18 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
 
     // The fd budget: every relayed connection costs two fds (client and upstream socket), and
     // kReservedFds stay free for what is not a connection (rings, listeners, eventfds, the
-    // metrics server's sockets, each worker's spare). Pipes take what is left and fall back to
-    // copy when nothing is. So RLIMIT_NOFILE 20000 with 2 workers admits ~4984 per worker.
+    // metrics endpoint's epoll sets, each worker's spare), and so do the metrics endpoint's
+    // sockets (max_connections per address it serves), so that a flood of scrapes and probes
+    // never costs a client its fd. Pipes take what is left and fall back to copy when nothing
+    // is. So RLIMIT_NOFILE 20000 with 2 workers and the defaults admits 4968 per worker.
+    const uint64_t endpoint_fds =
+        cfg.metrics.enabled
+            ? uint64_t{cfg.metrics.max_connections} * (cfg.metrics.health_listen.length ? 2 : 1)
+            : 0;
+    const uint64_t reserved = kReservedFds + endpoint_fds;
     rlimit nofile{};
     getrlimit(RLIMIT_NOFILE, &nofile);
-    uint64_t usable = nofile.rlim_cur > kReservedFds ? nofile.rlim_cur - kReservedFds : 2;
+    uint64_t usable = nofile.rlim_cur > reserved ? nofile.rlim_cur - reserved : 2;
     uint32_t per_worker = static_cast<uint32_t>(std::max<uint64_t>(1, usable / 2 / cfg.workers));
     LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
              static_cast<unsigned long long>(nofile.rlim_cur), per_worker,
@@ -120,7 +127,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     // Everything that needs root is open now: the listeners (ports below 1024), the sockmap
     // program and maps (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Drop it before the first thread
     // starts, because capabilities and the bounding set are per thread (privileges.hpp): the
-    // access log writer, civetweb's threads and the workers all start below, as the user.
+    // access log writer, the metrics endpoint's thread and the workers all start below, as the user.
     // So the access log file is opened as the user, as its SIGHUP reopen will be; the metrics
     // address binds with CAP_NET_BIND_SERVICE, which stays.
     if (!cfg.user.empty()) {
@@ -153,16 +160,13 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         std::vector<const WorkerStats*> stats;
         for (const auto& w : server->workers_) stats.push_back(&w->stats());
         Server* self = server.get();
-        try {
-            server->metrics_ = std::make_unique<MetricsEndpoint>(
-                running.metrics.listen,
-                makeCollector([self] { return self->current(); }, std::move(stats),
-                              &self->process_),
-                [self] { return self->unhealthy(); }, [self] { return self->unready(); });
-        } catch (const std::exception& e) {
-            return tl::unexpected("metrics " + running.metrics.listen.toString() + ": " +
-                                  e.what());
-        }
+        auto endpoint = MetricsEndpoint::start(
+            running.metrics,
+            makeCollector([self] { return self->current(); }, std::move(stats), &self->process_),
+            [self] { return self->unhealthy(); }, [self] { return self->unready(); },
+            self->process_.endpoint);
+        if (!endpoint) return tl::unexpected(endpoint.error());
+        server->metrics_ = std::move(*endpoint);
     }
 
     std::vector<std::future<Result<void>>> ready;
@@ -286,7 +290,9 @@ std::string Server::unready() const {
         const ClusterRt& c = rt->clusters[l.cluster];
         bool any = std::any_of(c.backends.begin(), c.backends.end(),
                                [](const BackendRt& b) { return b.state->up.load(); });
-        if (!any) return "listener " + l.config.name + ": no backend of cluster " + c.config.name + " is up";
+        if (!any)
+            return "listener " + l.config.name + ": no backend of cluster " + c.config.name +
+                   " is up";
     }
     return "";
 }

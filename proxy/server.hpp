@@ -50,6 +50,8 @@ class Server {
     std::string unready() const;
     // 0 when metrics are disabled.
     uint16_t metricsPort() const { return metrics_ ? metrics_->port() : 0; }
+    // 0 without metrics.health_listen.
+    uint16_t healthPort() const { return metrics_ ? metrics_->healthPort() : 0; }
 
     void drain();
     void stop();

@@ -17,6 +17,7 @@
 #include "conn.hpp"
 #include "metrics.hpp"
 #include "pipe_pool.hpp"
+#include "process_shared.hpp"
 #include "proxy_protocol.hpp"
 #include "pump/sockmap_pump.hpp"
 #include "runtime.hpp"
@@ -29,17 +30,6 @@
 struct io_uring_cqe;
 
 namespace zcrelay {
-
-// What all workers share besides the Runtime: the process-wide connection count
-// (Config::max_connections) and the access log (null when off).
-struct ProcessShared {
-    std::atomic<uint32_t> live{0};
-    AccessLog* access_log = nullptr;
-    std::atomic<bool> draining{false};
-    bool sockmap_loaded = false;  // set at start, before any worker runs
-    std::atomic<uint64_t> reloads_ok{0};
-    std::atomic<uint64_t> reloads_failed{0};
-};
 
 // A Runtime as one worker uses it: its Balancers (worker-local state) and how many of this
 // worker's connections still belong to it. The newest is current; older ones live on while

@@ -202,13 +202,13 @@ class Unprivileged : public ::testing::Test {
 class UnprivilegedPath : public Unprivileged, public ::testing::WithParamInterface<const char*> {};
 
 // 1 MiB each way through every data path as nobody; every thread of the relay (main, workers,
-// civetweb's, the access log writer when there is one) has nobody's ids and only
+// the metrics endpoint's, the access log writer when there is one) has nobody's ids and only
 // CAP_NET_BIND_SERVICE, and the bytes went the way the mode says, not by a fallback.
 TEST_P(UnprivilegedPath, RelaysByteExactAndEveryThreadIsDropped) {
     const std::string mode = GetParam();
     ASSERT_NO_FATAL_FAILURE(startRelay(mode));
-    // main + 2 workers + civetweb's master and 2 workers
-    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 6));
+    // main + 2 workers + the metrics endpoint's thread
+    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 4));
 
     ASSERT_NO_FATAL_FAILURE(expectEcho(relay_.host(), relay_.port(), 11, kMiB));
     for (const char* direction : {"upstream", "downstream"}) {
@@ -232,7 +232,7 @@ TEST_P(UnprivilegedPath, RelaysByteExactAndEveryThreadIsDropped) {
                 << why;
     }
     // Threads started while relaying (none are expected) would have inherited the same sets.
-    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 6));
+    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 4));
     EXPECT_TRUE(relay_.terminate().cleanExit()) << relay_.diagnostics();
 }
 
@@ -260,7 +260,7 @@ TEST_F(Unprivileged, ReloadBindsAPortBelow1024AndRelays) {
     ASSERT_NO_FATAL_FAILURE(expectEcho(relay_.host("t"), relay_.port("t"), 22, kMiB));
     EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("downstream", "low"),
                                      static_cast<double>(kMiB)));
-    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 6));
+    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 4));
     EXPECT_TRUE(relay_.terminate().cleanExit()) << relay_.diagnostics();
 }
 
@@ -273,7 +273,7 @@ TEST_F(Unprivileged, AccessLogReopenRefusedKeepsTheOldFileAndRelays) {
     { std::ofstream touch(log); }
     ASSERT_EQ(::chown(log.c_str(), nobody_.uid, nobody_.gid), 0) << std::strerror(errno);
     ASSERT_NO_FATAL_FAILURE(startRelay("splice", "access_log: {path: \"" + log + "\"}\n"));
-    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 7)) << "with the access log writer";
+    EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 5)) << "with the access log writer";
 
     ASSERT_EQ(::rename(log.c_str(), (log + ".1").c_str()), 0) << std::strerror(errno);
     RelayConfig same = singleListenerConfig(up_.hostPort(), "splice");

@@ -1,0 +1,28 @@
+#pragma once
+// What the workers, the main thread and the metrics share for the whole process, besides the
+// Runtime (runtime.hpp): a handful of atomics and the access log. Written rarely (once per
+// connection at most), read at scrape time.
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "http_stats.hpp"
+#include "signals.hpp"
+
+namespace zcrelay {
+
+class AccessLog;
+
+struct ProcessShared {
+    std::atomic<uint32_t> live{0};    // connections over all listeners (Config::max_connections)
+    AccessLog* access_log = nullptr;  // null when off
+    std::atomic<bool> draining{false};
+    bool sockmap_loaded = false;  // set at start, before any worker runs
+    std::atomic<uint64_t> reloads_ok{0};
+    std::atomic<uint64_t> reloads_failed{0};
+    // Signals taken, by kSignals index.
+    std::array<std::atomic<uint64_t>, kSignals.size()> signals{};
+    HttpStats endpoint;  // the metrics endpoint's servers
+};
+
+}  // namespace zcrelay
