@@ -1,15 +1,24 @@
-// zcrelay: argv -> config -> Server -> wait for a signal -> drain -> exit code.
+// zcrelay: argv -> config -> Server -> wait for signals (signals.hpp) -> drain -> exit code.
 //
 // Exit codes: 0 after a clean drain (or --help/--version/--print-default-config, or a valid
 // --check-config); 1 for a bad config or a failed start; 2 for bad command-line usage.
 #include <signal.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <variant>
 
 #include "cli.hpp"
+#include "clock.hpp"
 #include "log.hpp"
 #include "server.hpp"
+#include "signals.hpp"
 
 using namespace zcrelay;
 
@@ -36,6 +45,11 @@ void printReady(const Server& server) {
         m.setPort(server.metricsPort());
         std::printf("zcrelay: metrics on http://%s/metrics\n", m.toString().c_str());
     }
+    if (server.healthPort() != 0) {
+        SocketAddress h = cfg.metrics.health_listen;
+        h.setPort(server.healthPort());
+        std::printf("zcrelay: health probes on http://%s/healthz\n", h.toString().c_str());
+    }
     const ListenerConfig& first = cfg.listeners.front();
     SocketAddress up = first.upstream;
     if (first.cluster.empty() && up.family() != AF_UNIX) {
@@ -50,20 +64,49 @@ void printReady(const Server& server) {
     std::fflush(stdout);
 }
 
-// SIGHUP: the same config source as at start, the same checks and messages. Any error keeps
-// the running config; either way one line says what happened.
-void reload(Server& server, const CliOptions& options) {
+// A SIGHUP's config load, on a thread of its own: the main thread takes every signal, and a
+// SIGTERM must drain at once even while a reload reads a file (a slow filesystem, a file that
+// takes long to parse). The thread is detached: one stuck in read() must not hold up the exit.
+class ConfigLoad {
+  public:
+    using Outcome = std::variant<Config, std::string>;  // the config, or why it was refused
+
+    explicit ConfigLoad(const CliOptions& options) : state_(std::make_shared<State>()) {
+        std::thread([state = state_, options] {
+            Outcome outcome;
+            try {
+                outcome = resolveConfig(options);
+            } catch (const std::exception& e) {  // ConfigError, or a bug: refused either way
+                outcome = std::string(e.what());
+            }
+            std::lock_guard lock(state->mutex);
+            state->outcome = std::move(outcome);
+        }).detach();
+    }
+    // The outcome, once the load has one.
+    std::optional<Outcome> take() {
+        std::lock_guard lock(state_->mutex);
+        return std::exchange(state_->outcome, std::nullopt);
+    }
+
+  private:
+    struct State {
+        std::mutex mutex;
+        std::optional<Outcome> outcome;
+    };
+    std::shared_ptr<State> state_;
+};
+
+// Applies a SIGHUP's loaded config with the same checks and messages as at start. Any error
+// keeps the running config; either way one line says what happened.
+void reload(Server& server, ConfigLoad::Outcome outcome) {
     ProcessShared& process = server.process();
-    server.reopenAccessLog();
-    Config next;
-    try {
-        next = resolveConfig(options);
-    } catch (const ConfigError& e) {
+    if (auto* why = std::get_if<std::string>(&outcome)) {
         process.reloads_failed.fetch_add(1);
-        LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", e.what());
+        LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", why->c_str());
         return;
     }
-    auto done = server.reload(std::move(next));
+    auto done = server.reload(std::move(std::get<Config>(outcome)));
     if (!done) {
         process.reloads_failed.fetch_add(1);
         LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", done.error().c_str());
@@ -77,6 +120,35 @@ void reload(Server& server, const CliOptions& options) {
     std::printf("zcrelay: reloaded\n");
     std::fflush(stdout);
 }
+
+// One line for a signal that does nothing, then at most one every 10 s per signal: a script
+// sending SIGUSR2 in a loop must not flood the log.
+class IgnoredSignals {
+  public:
+    void taken(const SignalSpec& spec, size_t index) {
+        const int64_t now = monotonicMs();
+        Entry& e = entries_[index];
+        if (e.logged_ms != 0 && now - e.logged_ms < 10'000) {
+            ++e.suppressed;
+            return;
+        }
+        const std::string more =
+            e.suppressed ? " (" + std::to_string(e.suppressed) + " more since the last line)" : "";
+        LOG_WARN(
+            "%s: %s; zcrelay drains on SIGTERM, reloads on SIGHUP, reopens the access log "
+            "on SIGUSR1%s",
+            std::string(spec.name).c_str(), std::string(spec.what).c_str(), more.c_str());
+        e.logged_ms = now;
+        e.suppressed = 0;
+    }
+
+  private:
+    struct Entry {
+        int64_t logged_ms = 0;
+        uint64_t suppressed = 0;
+    };
+    std::array<Entry, kSignals.size()> entries_{};
+};
 
 }  // namespace
 
@@ -116,16 +188,10 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // Signals are taken by this thread alone, with sigtimedwait: block them before any thread
-    // starts so every worker inherits the mask. SIGPIPE is ignored outright: a splice to a socket
-    // whose peer is gone must come back as EPIPE, not kill the process.
+    // Signals are taken by this thread alone, with sigtimedwait: blocked before any thread
+    // starts, so every thread inherits the mask (signals.hpp).
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-    signal(SIGPIPE, SIG_IGN);
+    blockSignals(set);
 
     LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", ZCRELAY_VERSION, config.workers,
              config.workers == 1 ? "" : "s", renderConfig(config).c_str());
@@ -136,23 +202,60 @@ int main(int argc, char** argv) {
     }
     printReady(**server);
 
+    ProcessShared& process = (*server)->process();
+    IgnoredSignals ignored;
     bool draining = false;
+    std::optional<ConfigLoad> loading;  // a SIGHUP's load under way
+    bool reload_again = false;          // a SIGHUP came while it was: load the file once more
     while (!(*server)->finished()) {
-        timespec wait{0, 200 * 1000 * 1000};
-        int sig = sigtimedwait(&set, nullptr, &wait);
-        if (sig == SIGTERM || sig == SIGINT) {
-            if (!draining) {
-                LOG_INFO("%s: no longer accepting; draining live connections (up to %s)",
-                         strsignal(sig), formatDuration((*server)->config().drain_timeout).c_str());
-                (*server)->drain();
-                draining = true;
-            } else {
-                LOG_INFO("%s again: closing every connection now", strsignal(sig));
-                (*server)->stop();
+        // Short waits while a load runs, to apply it soon after it is done.
+        timespec wait{0, (loading ? 10 : 200) * 1000 * 1000};
+        const int sig = sigtimedwait(&set, nullptr, &wait);
+        const size_t index = signalIndex(sig);
+        if (index < kSignals.size()) {
+            const SignalSpec& spec = kSignals[index];
+            process.signals[index].fetch_add(1);
+            switch (spec.action) {
+                case SignalAction::Drain:
+                    if (!draining) {
+                        LOG_INFO("%s: no longer accepting; draining live connections (up to %s)",
+                                 std::string(spec.name).c_str(),
+                                 formatDuration((*server)->config().drain_timeout).c_str());
+                        (*server)->drain();
+                        draining = true;
+                    } else {
+                        LOG_INFO("%s again: closing every connection now",
+                                 std::string(spec.name).c_str());
+                        (*server)->stop();
+                    }
+                    break;
+                case SignalAction::Reload:
+                    if (draining) break;
+                    (*server)->reopenAccessLog();
+                    if (loading)
+                        reload_again = true;
+                    else
+                        loading.emplace(options);
+                    break;
+                case SignalAction::ReopenLog:
+                    (*server)->reopenAccessLog();
+                    LOG_INFO("%s: %s", std::string(spec.name).c_str(),
+                             (*server)->config().access_log.path.empty()
+                                 ? "no access log file to reopen"
+                                 : "reopening the access log");
+                    break;
+                case SignalAction::Ignore:
+                    ignored.taken(spec, index);
+                    break;
             }
-        } else if (sig == SIGHUP && !draining) {
-            reload(**server, options);
         }
+        if (!loading) continue;
+        std::optional<ConfigLoad::Outcome> outcome = loading->take();
+        if (!outcome) continue;
+        loading.reset();
+        if (draining) continue;  // a drain wins over a reload that finished after it
+        reload(**server, std::move(*outcome));
+        if (std::exchange(reload_again, false)) loading.emplace(options);
     }
     (*server)->join();
     LOG_INFO("drained; exiting");
