@@ -76,67 +76,6 @@ double reloads(const RelayProcess& relay, const char* result) {
     return ::testing::AssertionSuccess();
 }
 
-// Sends `total` bytes of payload `seed` in 1 MiB pieces, then shutdown(SHUT_WR), on its own
-// thread. Past `hold_at` bytes it waits (at most 60 s) for release(): the stream is still
-// going, whatever the speed of loopback, when the test acts in the middle of it.
-class GatedSender {
-  public:
-    GatedSender(int fd, uint64_t seed, uint64_t total, uint64_t hold_at)
-        : fd_(fd), seed_(seed), total_(total), hold_at_(hold_at), thread_([this] { run(); }) {}
-    ~GatedSender() {
-        cancel_.store(true);
-        release();
-        if (thread_.joinable()) thread_.join();
-    }
-    GatedSender(const GatedSender&) = delete;
-    GatedSender& operator=(const GatedSender&) = delete;
-
-    void release() {
-        std::lock_guard lock(mu_);
-        released_ = true;
-        cv_.notify_all();
-    }
-    uint64_t sent() const { return sent_.load(); }
-    IoResult join() {
-        if (thread_.joinable()) thread_.join();
-        return result_;
-    }
-
-  private:
-    void run() {
-        uint64_t offset = 0;
-        while (offset < total_) {
-            if (offset >= hold_at_) {
-                std::unique_lock lock(mu_);
-                if (!cv_.wait_for(lock, Millis{60'000}, [&] { return released_; })) {
-                    result_ = IoResult{IoStatus::Timeout, offset, 0};
-                    return;
-                }
-            }
-            uint64_t piece = std::min(kMiB, total_ - offset);
-            IoResult r = sendPayloadAt(fd_, seed_, offset, piece, Millis{60'000}, &cancel_);
-            offset += r.bytes;
-            sent_.store(offset);
-            if (!r.ok()) {
-                result_ = r;
-                result_.bytes = offset;
-                return;
-            }
-        }
-        ::shutdown(fd_, SHUT_WR);
-        result_ = IoResult{IoStatus::Ok, offset, 0};
-    }
-
-    int fd_;
-    uint64_t seed_, total_, hold_at_;
-    std::atomic<bool> cancel_{false};
-    std::atomic<uint64_t> sent_{0};
-    std::mutex mu_;
-    std::condition_variable cv_;
-    bool released_ = false;
-    IoResult result_;
-    std::thread thread_;  // last: starts once everything above is built
-};
 
 // =============================================================================================
 // 1. A reload in the middle of a 1 GiB transfer (256 MiB in a sanitizer build: the sender holds

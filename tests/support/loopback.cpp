@@ -700,4 +700,28 @@ double secondsSince(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+void GatedSender::run() {
+    uint64_t offset = 0;
+    while (offset < total_) {
+        if (offset >= hold_at_) {
+            std::unique_lock lock(mu_);
+            if (!cv_.wait_for(lock, Millis{60'000}, [&] { return released_; })) {
+                result_ = IoResult{IoStatus::Timeout, offset, 0};
+                return;
+            }
+        }
+        uint64_t piece = std::min<uint64_t>(uint64_t{1} << 20, total_ - offset);
+        IoResult r = sendPayloadAt(fd_, seed_, offset, piece, Millis{60'000}, &cancel_);
+        offset += r.bytes;
+        sent_.store(offset);
+        if (!r.ok()) {
+            result_ = r;
+            result_.bytes = offset;
+            return;
+        }
+    }
+    ::shutdown(fd_, SHUT_WR);
+    result_ = IoResult{IoStatus::Ok, offset, 0};
+}
+
 }  // namespace zcrelay::test

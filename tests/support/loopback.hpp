@@ -296,6 +296,46 @@ class ScriptedUpstream {
     std::vector<ConnRecord> finished_;
 };
 
+// Sends `total` bytes of payload `seed` in 1 MiB pieces, then shutdown(SHUT_WR), on its own
+// thread. Past `hold_at` bytes it waits (at most 60 s) for release(): the stream is still
+// going, whatever the speed of loopback, when the test acts in the middle of it.
+class GatedSender {
+  public:
+    GatedSender(int fd, uint64_t seed, uint64_t total, uint64_t hold_at)
+        : fd_(fd), seed_(seed), total_(total), hold_at_(hold_at), thread_([this] { run(); }) {}
+    ~GatedSender() {
+        cancel_.store(true);
+        release();
+        if (thread_.joinable()) thread_.join();
+    }
+    GatedSender(const GatedSender&) = delete;
+    GatedSender& operator=(const GatedSender&) = delete;
+
+    void release() {
+        std::lock_guard lock(mu_);
+        released_ = true;
+        cv_.notify_all();
+    }
+    uint64_t sent() const { return sent_.load(); }
+    IoResult join() {
+        if (thread_.joinable()) thread_.join();
+        return result_;
+    }
+
+  private:
+    void run();
+
+    int fd_;
+    uint64_t seed_, total_, hold_at_;
+    std::atomic<bool> cancel_{false};
+    std::atomic<uint64_t> sent_{0};
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool released_ = false;
+    IoResult result_;
+    std::thread thread_;  // last: starts once everything above is built
+};
+
 // ---------------------------------------------------------------------------------------------
 // Small utilities.
 

@@ -369,6 +369,8 @@ std::string RelayConfig::yaml() const {
     os << "workers: " << workers << "\n";
     os << "drain_timeout: " << drain_timeout << "\n";
     os << "metrics:\n  listen: \"" << metrics_listen << "\"\n";
+    if (!metrics_extra_yaml.empty())
+        os << metrics_extra_yaml << (metrics_extra_yaml.back() == '\n' ? "" : "\n");
     if (!extra_yaml.empty()) os << extra_yaml << (extra_yaml.back() == '\n' ? "" : "\n");
     os << "listeners:\n";
     for (const auto& l : listeners) {

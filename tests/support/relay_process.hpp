@@ -207,6 +207,7 @@ struct RelayConfig {
     int workers = 2;
     std::string drain_timeout = "30s";
     std::string metrics_listen = "127.0.0.1:0";
+    std::string metrics_extra_yaml;  // more keys under `metrics:`, already indented by 2 spaces
     std::vector<ListenerSpec> listeners;
     std::string extra_yaml;  // more top-level keys (clusters: ..., access_log: ...)
     std::string yaml() const;

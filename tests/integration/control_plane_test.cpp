@@ -1,0 +1,581 @@
+// The control plane under attack, as an operator's tooling and a hostile client would meet it:
+// the metrics endpoint with thousands of idle, trickling or lying connections open to it, config
+// files that are not files (a FIFO, /dev/zero, a directory, 2 MiB, two YAML documents) at start
+// and by SIGHUP, and the signals people send by habit. The relay must answer probes, refuse what
+// it should with the reason counted, keep the running config, and move every byte of a live
+// transfer. Each case here failed on the relay before the endpoint, the config reader and the
+// signal table were rebuilt. Loopback only; every wait and loop is bounded.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "support/loopback.hpp"
+#include "support/relay_process.hpp"
+
+namespace zcrelay::test {
+namespace {
+
+constexpr uint64_t kMiB = 1024 * 1024;
+constexpr const char* kRejected = "zcrelay_metrics_endpoint_rejected_total";
+constexpr const char* kEndpointConnections = "zcrelay_metrics_endpoint_connections";
+constexpr const char* kSignalsTotal = "zcrelay_signals_total";
+// What a Kubernetes probe waits by default (timeoutSeconds: 1) before it counts a failure.
+constexpr Millis kProbeTimeout{1'000};
+
+Labels why(const char* reason) { return {{"reason", reason}}; }
+
+struct Reply {
+    int status = 0;
+    std::string head;  // status line and headers
+    std::string body;
+    double seconds = 0;  // connect to the end of the response
+    std::string error;   // set when there was no complete response
+};
+
+// One request on a fresh connection (`request` is sent as is), read until the server closes.
+Reply roundTrip(uint16_t port, const std::string& request, Millis timeout = Millis{5'000}) {
+    Reply r;
+    const auto start = Clock::now();
+    Connected c = connectTo("127.0.0.1", port, timeout);
+    if (!c.fd) {
+        r.error = "connect: " + c.error;
+        return r;
+    }
+    IoResult w = writeAll(c.fd.get(), request.data(), request.size(), timeout);
+    if (!w.ok() && w.status != IoStatus::Reset) {
+        r.error = "send: " + w.describe();
+        return r;
+    }
+    std::string text;
+    IoResult end = readUntilEof(c.fd.get(), text, timeout);
+    r.seconds = secondsSince(start);
+    const size_t head_end = text.find("\r\n\r\n");
+    if (head_end == std::string::npos) {
+        r.error = "no complete response (" + end.describe() + "): " + text.substr(0, 200);
+        return r;
+    }
+    r.head = text.substr(0, head_end);
+    r.body = text.substr(head_end + 4);
+    r.status = std::atoi(r.head.c_str() + r.head.find(' ') + 1);
+    return r;
+}
+
+// A probe as the kubelet sends one: new connection, GET, Connection: close.
+Reply probe(uint16_t port, const std::string& path) {
+    return roundTrip(port,
+                    "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: kube-probe/1.31\r\n"
+                                    "Connection: close\r\n\r\n",
+                    kProbeTimeout);
+}
+
+// `n` connections to `port` that send nothing, connected at the TCP level (the kernel's accept
+// queue is enough; the server need not have accepted them). Bounded: 20 s in all.
+std::vector<Fd> openIdle(uint16_t port, size_t n) {
+    std::vector<Fd> fds;
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (size_t i = 0; i < n; ++i) {
+        Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!fd) break;
+        int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to);
+        if (rc < 0 && errno != EINPROGRESS) break;
+        fds.push_back(std::move(fd));
+    }
+    // Wait for every handshake: writable means connected (or failed, which the count shows).
+    const auto deadline = Clock::now() + Millis{20'000};
+    std::vector<pollfd> pending;
+    for (const Fd& fd : fds) pending.push_back({fd.get(), POLLOUT, 0});
+    while (!pending.empty() && Clock::now() < deadline) {
+        ::poll(pending.data(), pending.size(), 100);
+        std::erase_if(pending, [](const pollfd& p) { return p.revents != 0; });
+        for (pollfd& p : pending) p.revents = 0;
+    }
+    return fds;
+}
+
+// How many of `fds` the peer has closed (EOF or RST), after waiting at most `timeout` for all.
+size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout) {
+    const auto deadline = Clock::now() + timeout;
+    std::vector<bool> closed(fds.size(), false);
+    size_t count = 0;
+    while (count < fds.size() && Clock::now() < deadline) {
+        std::vector<pollfd> polls;
+        std::vector<size_t> which;
+        for (size_t i = 0; i < fds.size(); ++i) {
+            if (closed[i]) continue;
+            polls.push_back({fds[i].get(), POLLIN | POLLRDHUP, 0});
+            which.push_back(i);
+        }
+        if (::poll(polls.data(), polls.size(), 100) <= 0) continue;
+        for (size_t k = 0; k < polls.size(); ++k) {
+            if (polls[k].revents == 0) continue;
+            char buf[4096];
+            ssize_t n = ::recv(polls[k].fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN)) {
+                closed[which[k]] = true;
+                ++count;
+            }
+        }
+    }
+    return count;
+}
+
+// One 64 KiB message there and back through the echo upstream, the connection left open.
+void exchangeOnce(int fd, uint64_t seed) {
+    ASSERT_TRUE(sendPayload(fd, seed, 64 * 1024).ok());
+    std::vector<uint8_t> echoed(64 * 1024), expected(64 * 1024);
+    ASSERT_TRUE(readExactly(fd, echoed.data(), echoed.size()).ok());
+    fillPayload(seed, 0, expected);
+    ASSERT_EQ(echoed, expected);
+}
+
+class ControlPlaneTest : public ::testing::Test {
+  protected:
+    void SetUp() override { ASSERT_TRUE(up_.ok()) << up_.error(); }
+
+    void startRelay(const std::string& metrics_extra = "", const std::string& mode = "splice") {
+        RelayConfig config = singleListenerConfig(up_.hostPort(), mode);
+        config.metrics_extra_yaml = metrics_extra;
+        ASSERT_TRUE(relay_.start(config));
+        ASSERT_NE(relay_.metricsPort(), 0);
+    }
+
+    // The relay still relays: 256 KiB there and back, byte-exact.
+    void expectRelaying() {
+        Connected c = connectTo(relay_.host(), relay_.port());
+        ASSERT_TRUE(c.fd) << c.error;
+        ReceiveCheck got = echoRoundTrip(c.fd.get(), 77, 256 * 1024);
+        EXPECT_EQ(got.bytes, 256u * 1024) << got.describe();
+        EXPECT_LT(got.first_mismatch, 0) << got.describe();
+    }
+
+    ScriptedUpstream up_{AF_INET, echoScript()};
+    RelayProcess relay_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The endpoint under siege.
+
+class EndpointSiege : public ControlPlaneTest, public ::testing::WithParamInterface<size_t> {};
+
+// N connections that never send a byte, all open at once (two took /healthz down before: two
+// civetweb threads, each waiting 30 s for a request). Every probe meanwhile is answered within
+// a Kubernetes probe's timeout; past max_connections the oldest idle ones are closed for newer
+// ones (evicted), the rest at request_timeout; the data path never notices.
+TEST_P(EndpointSiege, ProbesAreAnsweredWhileIdleConnectionsHoldTheEndpoint) {
+    const size_t hostile = GetParam();
+    ASSERT_NO_FATAL_FAILURE(startRelay());  // the defaults: request_timeout 5s, 64 connections
+    const uint16_t port = relay_.metricsPort();
+    std::vector<Fd> idle = openIdle(port, hostile);
+    ASSERT_EQ(idle.size(), hostile) << "could not open every hostile connection";
+
+    for (int i = 0; i < 20; ++i) {
+        const char* path = i % 2 == 0 ? "/healthz" : "/readyz";
+        Reply r = probe(port, path);
+        ASSERT_TRUE(r.error.empty()) << "probe " << i << " " << path << " with " << hostile
+                                     << " idle connections open: " << r.error;
+        EXPECT_EQ(r.status, 200) << path << ": " << r.head;
+        EXPECT_LT(r.seconds, kProbeTimeout.count() / 1000.0) << "probe " << i;
+    }
+    auto scrape = relay_.scrape();
+    ASSERT_TRUE(scrape) << "a scrape must be served too";
+
+    // The 64 newest idle connections wait for their 5 s; every older one was evicted at once.
+    const double cap = 64;
+    if (hostile > cap) {
+        EXPECT_TRUE(relay_.waitForMetric(kRejected, why("evicted"),
+                                         [&](double v) { return v >= hostile - cap; },
+                                         ">= " + std::to_string(hostile - 64)));
+    }
+    EXPECT_EQ(closedByPeer(idle, Millis{15'000}), hostile)
+        << "every idle connection must be closed by the relay (timeout or eviction)";
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("timeout"),
+                                     [&](double v) { return v >= std::min<double>(hostile, 1); },
+                                     ">= 1"));
+    const double evicted = relay_.metric(kRejected, why("evicted")).value_or(-1);
+    const double timed_out = relay_.metric(kRejected, why("timeout")).value_or(-1);
+    EXPECT_GE(evicted + timed_out, static_cast<double>(hostile))
+        << "evicted " << evicted << " + timed out " << timed_out;
+    EXPECT_TRUE(relay_.waitForMetric(kEndpointConnections, {}, [](double v) { return v <= 1; },
+                                     "<= 1 (the scrape's own)"));
+    expectRelaying();
+}
+
+INSTANTIATE_TEST_SUITE_P(Hostile, EndpointSiege, ::testing::Values(2, 200, 5000),
+                         [](const ::testing::TestParamInfo<size_t>& info) {
+                             return std::to_string(info.param) + "Idle";
+                         });
+
+// A slowloris: each connection sends a request line and then one header line every 200 ms, never
+// idle long enough for an inactivity timeout. The deadline is for the whole request, so each is
+// closed about request_timeout after it connected, counted as a timeout.
+TEST_F(ControlPlaneTest, TricklingClientsAreClosedAtTheRequestDeadline) {
+    constexpr int kClients = 20;
+    ASSERT_NO_FATAL_FAILURE(startRelay("  request_timeout: 1s\n"));
+    std::vector<Fd> clients;
+    for (int i = 0; i < kClients; ++i) {
+        Connected c = connectTo("127.0.0.1", relay_.metricsPort());
+        ASSERT_TRUE(c.fd) << c.error;
+        const std::string line = "GET /metrics HTTP/1.1\r\n";
+        ASSERT_TRUE(writeAll(c.fd.get(), line.data(), line.size()).ok());
+        clients.push_back(std::move(c.fd));
+    }
+    const auto start = Clock::now();
+    std::vector<bool> open(kClients, true);
+    int still_open = kClients;
+    // Trickle for at most 8 s; the relay must end every one long before.
+    while (still_open > 0 && secondsSince(start) < 8) {
+        for (int i = 0; i < kClients; ++i) {
+            if (!open[i]) continue;
+            const char header[] = "X-Slow: 1\r\n";
+            if (::send(clients[i].get(), header, sizeof header - 1, MSG_NOSIGNAL) < 0) {
+                open[i] = false;
+                --still_open;
+            }
+        }
+        std::this_thread::sleep_for(Millis{200});
+        for (int i = 0; i < kClients; ++i) {
+            char buf[256];
+            if (open[i] && ::recv(clients[i].get(), buf, sizeof buf, MSG_DONTWAIT) == 0) {
+                open[i] = false;
+                --still_open;
+            }
+        }
+    }
+    EXPECT_EQ(still_open, 0) << "trickling clients still open after " << secondsSince(start)
+                             << " s with request_timeout 1s";
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("timeout"), kClients));
+    Reply r = probe(relay_.metricsPort(), "/healthz");
+    EXPECT_EQ(r.status, 200) << r.error;
+}
+
+// What the endpoint does not serve is refused at once, with the reason counted: a body (even one
+// promised by Content-Length 2^63-1, which used to hold a civetweb thread), a method other than
+// GET/HEAD, headers past max_request_size, an unknown path. HEAD and keep-alive work as HTTP says.
+TEST_F(ControlPlaneTest, RefusesBodiesMethodsOversizedRequestsAndUnknownPaths) {
+    ASSERT_NO_FATAL_FAILURE(startRelay());
+    const uint16_t port = relay_.metricsPort();
+
+    Reply body = roundTrip(port,
+                          "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                          "9223372036854775807\r\n\r\nabc",
+                          Millis{2'000});
+    EXPECT_EQ(body.status, 413) << body.error << body.head;
+    EXPECT_LT(body.seconds, 1.0) << "refused at once, and the connection closed";
+
+    Reply post = roundTrip(port, "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+    EXPECT_EQ(post.status, 405) << post.error << post.head;
+    EXPECT_NE(post.head.find("Allow: GET, HEAD"), std::string::npos) << post.head;
+
+    const std::string big(20'000, 'a');
+    Reply oversized = roundTrip(port, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + big +
+                                         "\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(oversized.status, 431) << oversized.error << oversized.head;
+    // 8 KiB of headers, the default max_request_size, is still taken.
+    const std::string fits(7'900, 'a');
+    Reply taken = roundTrip(port, "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + fits +
+                                     "\r\nConnection: close\r\n\r\n");
+    EXPECT_EQ(taken.status, 200) << taken.error << taken.head;
+
+    Reply missing = roundTrip(port, "GET /nope HTTP/1.0\r\n\r\n");
+    EXPECT_EQ(missing.status, 404) << missing.error;
+
+    Reply head = roundTrip(port, "HEAD /healthz HTTP/1.0\r\n\r\n");
+    EXPECT_EQ(head.status, 200) << head.error;
+    EXPECT_NE(head.head.find("Content-Length: 3"), std::string::npos) << head.head;
+    EXPECT_TRUE(head.body.empty()) << "HEAD has no body: " << head.body;
+
+    // Keep-alive: two requests, two answers, one connection.
+    Connected c = connectTo("127.0.0.1", port);
+    ASSERT_TRUE(c.fd) << c.error;
+    for (int i = 0; i < 2; ++i) {
+        const std::string get = "GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n";
+        ASSERT_TRUE(writeAll(c.fd.get(), get.data(), get.size()).ok());
+        std::string text;
+        while (text.find("ready\n") == std::string::npos) {
+            char buf[512];
+            IoResult r = readSome(c.fd.get(), buf, sizeof buf, Millis{2'000});
+            ASSERT_TRUE(r.ok()) << "request " << i << " on a kept-alive connection: "
+                                << r.describe() << " after " << text;
+            text.append(buf, r.bytes);
+        }
+        EXPECT_EQ(text.rfind("HTTP/1.1 200", 0), 0u) << text;
+    }
+
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("body"), 1));
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("method"), 1));
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("bad_request"), 1));
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("not_found"), 1));
+}
+
+// metrics.health_listen: /healthz and /readyz on a port of their own (and /metrics not), so a
+// probe never shares a connection cap with scrapes.
+TEST_F(ControlPlaneTest, HealthListenServesProbesApartFromScrapes) {
+    ASSERT_NO_FATAL_FAILURE(startRelay("  health_listen: 127.0.0.1:0\n  max_connections: 4\n"));
+    std::smatch m;
+    const std::string out = relay_.stdoutText();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex(R"(health probes on http://127\.0\.0\.1:(\d+)/healthz)")))
+        << out;
+    const uint16_t health = static_cast<uint16_t>(std::stoi(m[1]));
+    ASSERT_NE(health, relay_.metricsPort());
+    // The scrape port full of idle connections: the health port does not care.
+    std::vector<Fd> idle = openIdle(relay_.metricsPort(), 100);
+    EXPECT_EQ(probe(health, "/healthz").status, 200);
+    EXPECT_EQ(probe(health, "/readyz").status, 200);
+    EXPECT_EQ(probe(health, "/metrics").status, 404) << "scrapes stay on metrics.listen";
+    EXPECT_EQ(probe(relay_.metricsPort(), "/healthz").status, 200) << "and probes still work there";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config files that are not config files.
+
+struct BadFile {
+    const char* name;
+    std::function<std::string(const TempDir&)> make;  // returns the path
+    const char* message;                               // a part of the error
+};
+
+const std::vector<BadFile>& badFiles() {
+    static const std::vector<BadFile> files = {
+        {"fifo",
+         [](const TempDir& d) {
+             const std::string p = d.file("fifo.yaml");
+             ::mkfifo(p.c_str(), 0600);
+             return p;
+         },
+         "is a FIFO"},
+        {"dev_zero",
+         [](const TempDir& d) {
+             const std::string p = d.file("zero.yaml");
+             EXPECT_EQ(::symlink("/dev/zero", p.c_str()), 0) << std::strerror(errno);
+             return p;
+         },
+         "is a character device"},
+        {"directory", [](const TempDir& d) { return d.path(); }, "is a directory"},
+        {"two_megabytes",
+         [](const TempDir& d) {
+             return d.writeFile("big.yaml", "# " + std::string(2 * kMiB, 'x') + "\n");
+         },
+         "larger than 1MiB"},
+        {"two_documents",
+         [](const TempDir& d) {
+             return d.writeFile("two.yaml",
+                                "listeners: [{listen: 127.0.0.1:0, upstream: 127.0.0.1:9}]\n"
+                                "---\nworkers: 1\n");
+         },
+         "3:1: (document 2): a second YAML document"},
+    };
+    return files;
+}
+
+// --check-config and a start on each: exit 1 within seconds (the FIFO hung, /dev/zero aborted
+// with std::bad_alloc, the second document was ignored), with a message naming what is wrong.
+TEST(ConfigFiles, CheckConfigAndStartRefuseFilesThatAreNotConfigs) {
+    TempDir dir;
+    for (const BadFile& bad : badFiles()) {
+        SCOPED_TRACE(bad.name);
+        const std::string path = bad.make(dir);
+        for (const char* flag : {"--check-config", "-c"}) {
+            // Under an address-space limit /dev/zero would have ended in bad_alloc (rc 134).
+            CommandResult r = runCommand({"/usr/bin/prlimit", "--as=3000000000", kRelayBinary,
+                                          flag, path, "--metrics", "off"},
+                                         Millis{10'000});
+            EXPECT_TRUE(r.status.exited && r.status.code == 1) << flag << ": " << r.describe();
+            EXPECT_NE(r.err.find(bad.message), std::string::npos) << flag << ": " << r.err;
+        }
+    }
+}
+
+// A 10 MiB value is quoted in 80 bytes and its length, not echoed whole.
+TEST(ConfigFiles, ErrorsQuoteAtMostEightyBytesOfAValue) {
+    TempDir dir;
+    const std::string path = dir.writeFile(
+        "long.yaml", "listeners: [{name: " + std::string(10 * kMiB, 'a') +
+                         ", listen: 127.0.0.1:0, upstream: 127.0.0.1:9}]\n");
+    CommandResult r = runCommand({kRelayBinary, "--check-config", path, "--max-config-size", "16MiB"});
+    EXPECT_EQ(r.status.code, 1) << r.describe();
+    EXPECT_NE(r.err.find("...(10485760 bytes) is not a valid name"), std::string::npos) << r.err.substr(0, 400);
+    EXPECT_LT(r.err.size(), 400u) << "the error line quotes the whole value";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reloads and signals while bytes flow.
+
+class ControlPlaneDuringTransfer : public ::testing::TestWithParam<std::string> {};
+
+// A 256 MiB upload is in flight (held at half way) while the config path becomes each bad file
+// in turn, with a SIGHUP each time, and while every signal people send by habit arrives. Each
+// reload is refused and counted, the relay keeps its config and answers probes, no signal ends
+// it, and every byte arrives in order once the sender goes on.
+TEST_P(ControlPlaneDuringTransfer, BadReloadsAndStraySignalsLeaveTheTransferExact) {
+    const std::string mode = GetParam();
+    constexpr uint64_t kSeed = 0xC0F1;
+    const uint64_t total = (kSanitized ? 64 : 256) * kMiB;
+    ScriptedUpstream sink(AF_INET, sinkScript());
+    ASSERT_TRUE(sink.ok()) << sink.error();
+    RelayProcess relay;
+    ASSERT_TRUE(relay.start(singleListenerConfig(sink.hostPort(), mode)));
+    Connected client = connectTo(relay.host(), relay.port());
+    ASSERT_TRUE(client.fd) << client.error;
+    GatedSender sender(client.fd.get(), kSeed, total, total / 2);
+    ASSERT_TRUE(waitUntil([&] { return sink.liveBytesReceived() >= 16 * kMiB; }, Millis{30'000}))
+        << "the upstream got only " << sink.liveBytesReceived() << " bytes";
+
+    const std::string config = relay.configPath();
+    const std::string good = readFileText(config);
+    TempDir scratch;
+    double failures = 0;
+    for (const BadFile& bad : badFiles()) {
+        SCOPED_TRACE(bad.name);
+        const std::string path = bad.make(scratch);
+        ASSERT_EQ(::unlink(config.c_str()), 0);
+        ASSERT_EQ(::symlink(path.c_str(), config.c_str()), 0) << std::strerror(errno);
+        ASSERT_TRUE(relay.sendSignal(SIGHUP));
+        failures += 1;
+        EXPECT_TRUE(relay.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}},
+                                        failures));
+        EXPECT_NE(relay.stderrText().find(bad.message), std::string::npos);
+        EXPECT_EQ(relay.get("/readyz").value_or(HttpResponse{}).status, 200);
+    }
+    ASSERT_EQ(::unlink(config.c_str()), 0);
+    scratch.writeFile("good.yaml", good);
+    ASSERT_EQ(::symlink(scratch.file("good.yaml").c_str(), config.c_str()), 0);
+
+    for (int sig : {SIGUSR1, SIGUSR2, SIGALRM, SIGTTIN, SIGTTOU, SIGWINCH, SIGUSR2, SIGUSR1}) {
+        ASSERT_TRUE(relay.sendSignal(sig));
+        std::this_thread::sleep_for(Millis{20});
+    }
+    for (const char* name : {"SIGUSR2", "SIGUSR1"})
+        EXPECT_TRUE(relay.waitForMetric(kSignalsTotal, {{"signal", name}}, 2)) << name;
+    for (const char* name : {"SIGALRM", "SIGTTIN", "SIGTTOU", "SIGWINCH"})
+        EXPECT_TRUE(relay.waitForMetric(kSignalsTotal, {{"signal", name}}, 1)) << name;
+    EXPECT_TRUE(relay.running()) << relay.diagnostics();
+    EXPECT_EQ(relay.metric(metric::kConfigReloadsTotal, {{"result", "success"}}), 0.0);
+
+    sender.release();
+    IoResult sent = sender.join();
+    EXPECT_TRUE(sent.ok()) << sent.describe();
+    std::string reply;
+    IoResult end = readUntilEof(client.fd.get(), reply, Millis{60'000});
+    EXPECT_EQ(end.status, IoStatus::Eof) << end.describe();
+    std::optional<ConnRecord> rec = sink.waitForRecord(0, Millis{60'000});
+    ASSERT_TRUE(rec);
+    EXPECT_EQ(rec->bytes_received, total) << rec->describe();
+    EXPECT_EQ(rec->received_hash, payloadHash(kSeed, total)) << "bytes lost or reordered";
+    EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("done"), 1));
+    // And the good file still reloads.
+    ASSERT_TRUE(relay.sendSignal(SIGHUP));
+    EXPECT_TRUE(relay.waitForMetric(metric::kConfigReloadsTotal, {{"result", "success"}}, 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ControlPlaneDuringTransfer, ::testing::ValuesIn(kModes), modeName);
+
+// A FIFO at the config path used to block the main thread in open() at SIGHUP, so the SIGTERM
+// after it was never taken: /readyz stayed 200 and nothing drained. Now the reload is refused
+// and SIGTERM drains: /readyz says so, the live connection finishes, the relay exits 0.
+TEST_F(ControlPlaneTest, SigtermAfterARefusedFifoReloadDrains) {
+    ASSERT_NO_FATAL_FAILURE(startRelay());
+    Connected live = connectTo(relay_.host(), relay_.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 5));
+
+    const std::string config = relay_.configPath();
+    const std::string good = readFileText(config);
+    ASSERT_EQ(::unlink(config.c_str()), 0);
+    ASSERT_EQ(::mkfifo(config.c_str(), 0600), 0) << std::strerror(errno);
+    ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}}, 1));
+    // A regular file again, so nothing else (a reader of the config on failure) meets the FIFO.
+    ASSERT_EQ(::unlink(config.c_str()), 0);
+    std::ofstream(config) << good;
+
+    ASSERT_TRUE(relay_.sendSignal(SIGTERM));
+    EXPECT_TRUE(waitUntil(
+        [&] {
+            auto r = relay_.get("/readyz");
+            return r && r->status == 503 && r->body == "draining\n";
+        },
+        Millis{5'000}))
+        << "SIGTERM was not taken: " << relay_.diagnostics();
+    ReceiveCheck during = echoRoundTrip(live.fd.get(), 6, 64 * 1024);
+    EXPECT_EQ(during.bytes, 64u * 1024) << "a live connection keeps relaying while draining";
+    EXPECT_LT(during.first_mismatch, 0) << during.describe();
+    live.fd.reset();
+    auto status = relay_.waitExit(Millis{10'000});
+    ASSERT_TRUE(status) << "the relay did not exit after its last connection closed";
+    EXPECT_TRUE(status->cleanExit()) << status->describe();
+}
+
+// SIGTERM right behind a SIGHUP, while the reload reads and parses a 1 MiB file on its own
+// thread: the drain starts whatever the reload is doing, and a reload that finishes after it
+// is dropped (a draining relay takes no new config). Whichever comes first, the relay drains
+// its live connection and exits 0.
+TEST_F(ControlPlaneTest, SigtermDuringAReloadDrains) {
+    ASSERT_NO_FATAL_FAILURE(startRelay());
+    Connected live = connectTo(relay_.host(), relay_.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 8));
+
+    // The same config, grown to just under the 1 MiB cap: the longest a reload may read.
+    const std::string config = relay_.configPath();
+    std::string text = readFileText(config);
+    const std::string line = "# " + std::string(1000, 'p') + "\n";
+    while (text.size() + line.size() < kMiB - 1024) text += line;
+    std::ofstream(config, std::ios::trunc) << text;
+
+    ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+    ASSERT_TRUE(relay_.sendSignal(SIGTERM));
+    EXPECT_TRUE(waitUntil(
+        [&] {
+            auto r = relay_.get("/readyz");
+            return r && r->status == 503 && r->body == "draining\n";
+        },
+        Millis{5'000}))
+        << "SIGTERM was not taken: " << relay_.diagnostics();
+    ReceiveCheck during = echoRoundTrip(live.fd.get(), 9, 64 * 1024);
+    EXPECT_EQ(during.bytes, 64u * 1024) << "a live connection keeps relaying while draining";
+    EXPECT_LT(during.first_mismatch, 0) << during.describe();
+    live.fd.reset();
+    auto status = relay_.waitExit(Millis{10'000});
+    ASSERT_TRUE(status) << "the relay did not exit after its last connection closed";
+    EXPECT_TRUE(status->cleanExit()) << status->describe();
+}
+
+// SIGUSR1 reopens the access log, as nginx does (logrotate renames, then signals).
+TEST_F(ControlPlaneTest, SigusrOneReopensTheAccessLog) {
+    RelayConfig config = singleListenerConfig(up_.hostPort(), "splice");
+    TempDir logs;
+    const std::string log = logs.file("access.log");
+    config.extra_yaml = "access_log:\n  path: " + log + "\n";
+    ASSERT_TRUE(relay_.start(config));
+    expectRelaying();
+    ASSERT_TRUE(waitUntil([&] { return readFileText(log).find('\n') != std::string::npos; },
+                          Millis{5'000}));
+    ASSERT_EQ(::rename(log.c_str(), (log + ".1").c_str()), 0);
+    ASSERT_TRUE(relay_.sendSignal(SIGUSR1));
+    EXPECT_TRUE(relay_.waitForMetric(kSignalsTotal, {{"signal", "SIGUSR1"}}, 1));
+    expectRelaying();
+    EXPECT_TRUE(waitUntil([&] { return readFileText(log).find('\n') != std::string::npos; },
+                          Millis{5'000}))
+        << "the new connection's line must go to the new file";
+    EXPECT_TRUE(relay_.running());
+}
+
+}  // namespace
+}  // namespace zcrelay::test
