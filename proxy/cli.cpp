@@ -22,7 +22,9 @@ const Flag kFlags[] = {
     {"--config", "-c", "FILE", &CliOptions::config_path, CliAction::Run,
      "load the configuration from FILE instead of the embedded default"},
     {"--check-config", "", "FILE", &CliOptions::config_path, CliAction::CheckConfig,
-     "load and validate FILE, print the effective configuration, exit"},
+     "load and validate FILE, say OK or what is wrong, exit"},
+    {"--dump-config", "", "", nullptr, CliAction::DumpConfig,
+     "load the config as a start or SIGHUP would (with the other flags), print it whole, exit"},
     {"--print-default-config", "", "", nullptr, CliAction::PrintDefaultConfig,
      "print the embedded default configuration (every key, commented) and exit"},
     {"--listen", "", "ADDR", &CliOptions::listen, CliAction::Run,
@@ -126,6 +128,7 @@ std::string usageText() {
         "Usage: zcrelay [-c FILE] [--workers N] [--mode splice|copy|sockmap] [--metrics ADDR|off]\n"
         "       zcrelay --listen ADDR --upstream ADDR [options]\n"
         "       zcrelay --check-config FILE | --print-default-config | --version | --help\n"
+        "       zcrelay [-c FILE | --listen ADDR --upstream ADDR] [options] --dump-config\n"
         "\n"
         "A TCP relay: io_uring for the event loop, splice(2) to move the bytes.\n"
         "\n"

@@ -8,7 +8,8 @@
 
 namespace zcrelay {
 
-enum class CliAction { Run, CheckConfig, PrintDefaultConfig, Version, Help };
+// In order of precedence: `-c x --dump-config --help` shows help.
+enum class CliAction { Run, DumpConfig, CheckConfig, PrintDefaultConfig, Version, Help };
 
 struct CliOptions {
     CliAction action = CliAction::Run;

@@ -1,4 +1,6 @@
 // zcrelay: argv -> config -> Server -> wait for signals (signals.hpp) -> drain -> exit code.
+// A SIGHUP's config is read by a child process (config_reader.hpp), this binary run with
+// --dump-config.
 //
 // Exit codes: 0 after a clean drain (or --help/--version/--print-default-config, or a valid
 // --check-config); 1 for a bad config or a failed start; 2 for bad command-line usage.
@@ -8,14 +10,13 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <variant>
 
 #include "cli.hpp"
 #include "clock.hpp"
+#include "config_reader.hpp"
 #include "log.hpp"
 #include "server.hpp"
 #include "signals.hpp"
@@ -64,42 +65,9 @@ void printReady(const Server& server) {
     std::fflush(stdout);
 }
 
-// A SIGHUP's config load, on a thread of its own: the main thread takes every signal, and a
-// SIGTERM must drain at once even while a reload reads a file (a slow filesystem, a file that
-// takes long to parse). The thread is detached: one stuck in read() must not hold up the exit.
-class ConfigLoad {
-  public:
-    using Outcome = std::variant<Config, std::string>;  // the config, or why it was refused
-
-    explicit ConfigLoad(const CliOptions& options) : state_(std::make_shared<State>()) {
-        std::thread([state = state_, options] {
-            Outcome outcome;
-            try {
-                outcome = resolveConfig(options);
-            } catch (const std::exception& e) {  // ConfigError, or a bug: refused either way
-                outcome = std::string(e.what());
-            }
-            std::lock_guard lock(state->mutex);
-            state->outcome = std::move(outcome);
-        }).detach();
-    }
-    // The outcome, once the load has one.
-    std::optional<Outcome> take() {
-        std::lock_guard lock(state_->mutex);
-        return std::exchange(state_->outcome, std::nullopt);
-    }
-
-  private:
-    struct State {
-        std::mutex mutex;
-        std::optional<Outcome> outcome;
-    };
-    std::shared_ptr<State> state_;
-};
-
 // Applies a SIGHUP's loaded config with the same checks and messages as at start. Any error
 // keeps the running config; either way one line says what happened.
-void reload(Server& server, ConfigLoad::Outcome outcome) {
+void reload(Server& server, ConfigReader::Outcome outcome) {
     ProcessShared& process = server.process();
     if (auto* why = std::get_if<std::string>(&outcome)) {
         process.reloads_failed.fetch_add(1);
@@ -174,12 +142,19 @@ int main(int argc, char** argv) {
         default:
             break;
     }
+    // A SIGHUP's reader (config_reader.hpp), or anyone's `nginx -T`: limited before a byte is
+    // read.
+    if (options.action == CliAction::DumpConfig) limitConfigReader(maxConfigSize(options));
     Config config;
     try {
         config = resolveConfig(options);
     } catch (const ConfigError& e) {
         std::fprintf(stderr, "zcrelay: %s\n", e.what());
         return 1;
+    }
+    if (options.action == CliAction::DumpConfig) {
+        std::fputs(renderConfig(config).c_str(), stdout);
+        return std::fflush(stdout) == 0 ? 0 : 1;
     }
     if (options.action == CliAction::CheckConfig) {
         std::printf("zcrelay: %s: OK (%zu listener%s)\n",
@@ -205,7 +180,7 @@ int main(int argc, char** argv) {
     ProcessShared& process = (*server)->process();
     IgnoredSignals ignored;
     bool draining = false;
-    std::optional<ConfigLoad> loading;  // a SIGHUP's load under way
+    std::optional<ConfigReader> loading;  // a SIGHUP's read under way
     bool reload_again = false;          // a SIGHUP came while it was: load the file once more
     while (!(*server)->finished()) {
         // Short waits while a load runs, to apply it soon after it is done.
@@ -235,7 +210,7 @@ int main(int argc, char** argv) {
                     if (loading)
                         reload_again = true;
                     else
-                        loading.emplace(options);
+                        loading.emplace(args);
                     break;
                 case SignalAction::ReopenLog:
                     (*server)->reopenAccessLog();
@@ -250,12 +225,12 @@ int main(int argc, char** argv) {
             }
         }
         if (!loading) continue;
-        std::optional<ConfigLoad::Outcome> outcome = loading->take();
+        std::optional<ConfigReader::Outcome> outcome = loading->take();
         if (!outcome) continue;
         loading.reset();
         if (draining) continue;  // a drain wins over a reload that finished after it
         reload(**server, std::move(*outcome));
-        if (std::exchange(reload_again, false)) loading.emplace(options);
+        if (std::exchange(reload_again, false)) loading.emplace(args);
     }
     (*server)->join();
     LOG_INFO("drained; exiting");

@@ -43,6 +43,14 @@ TEST(ParseCli, Actions) {
     EXPECT_EQ(parseCli({"--version"}).action, CliAction::Version);
     EXPECT_EQ(parseCli({"-h"}).action, CliAction::Help);
     EXPECT_EQ(parseCli({"--check-config", "x.yaml", "--help"}).action, CliAction::Help);
+    // A SIGHUP's reader runs the relay's own arguments with --dump-config appended.
+    EXPECT_EQ(parseCli({"-c", "x.yaml", "--workers", "2", "--dump-config"}).action,
+              CliAction::DumpConfig);
+    EXPECT_EQ(parseCli({"--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2", "--dump-config"})
+                  .action,
+              CliAction::DumpConfig);
+    EXPECT_EQ(parseCli({"--check-config", "x.yaml", "--dump-config"}).action,
+              CliAction::CheckConfig);
 }
 
 TEST(ParseCli, Shorthand) {
