@@ -16,9 +16,11 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -163,6 +165,25 @@ class ControlPlaneTest : public ::testing::Test {
         ReceiveCheck got = echoRoundTrip(c.fd.get(), 77, 256 * 1024);
         EXPECT_EQ(got.bytes, 256u * 1024) << got.describe();
         EXPECT_LT(got.first_mismatch, 0) << got.describe();
+    }
+
+    // After a SIGTERM: /readyz says draining, `live` still relays (64 KiB both ways, then its
+    // FIN), and once it is closed the relay exits 0.
+    void expectDrainedAndExited(Fd live, uint64_t seed) {
+        EXPECT_TRUE(waitUntil(
+            [&] {
+                auto r = relay_.get("/readyz");
+                return r && r->status == 503 && r->body == "draining\n";
+            },
+            Millis{5'000}))
+            << "SIGTERM was not taken: " << relay_.diagnostics();
+        ReceiveCheck during = echoRoundTrip(live.get(), seed, 64 * 1024);
+        EXPECT_EQ(during.bytes, 64u * 1024) << "a live connection keeps relaying while draining";
+        EXPECT_LT(during.first_mismatch, 0) << during.describe();
+        live.reset();
+        auto status = relay_.waitExit(Millis{10'000});
+        ASSERT_TRUE(status) << "the relay did not exit after its last connection closed";
+        EXPECT_TRUE(status->cleanExit()) << status->describe();
     }
 
     ScriptedUpstream up_{AF_INET, echoScript()};
@@ -414,6 +435,118 @@ TEST(ConfigFiles, ErrorsQuoteAtMostEightyBytesOfAValue) {
     EXPECT_LT(r.err.size(), 400u) << "the error line quotes the whole value";
 }
 
+// `bytes` of YAML that yaml-cpp needs about 250 times as much memory to hold: one-element
+// sequences, each a node of its own (1 MiB: 262,000 of them, 260 MiB).
+std::string memoryHungryConfig(const TempDir& dir, const std::string& name, uint64_t bytes) {
+    std::string text = "listeners: [";
+    while (text.size() < bytes - 64) text += "[1],";
+    text += "[1]]\n";
+    return dir.writeFile(name, text);
+}
+
+// The relay's peak resident memory (VmHWM), in KiB.
+uint64_t peakRssKib(pid_t pid) {
+    const std::string status = readFileText("/proc/" + std::to_string(pid) + "/status");
+    const size_t at = status.find("VmHWM:");
+    return at == std::string::npos ? 0 : std::stoull(status.substr(at + 6));
+}
+
+// A config that needs hundreds of MiB to parse costs the relay none of it. At start, memory
+// running out is a refused config (under an address-space limit --check-config used to end in
+// an uncaught std::bad_alloc, rc 134). By SIGHUP the file is parsed by a child process: 1 MiB
+// of it (260 MiB to parse) is refused for what it says, 8 MiB (over 2 GiB) for the child's
+// address-space limit; in-process, either would have been the relay's memory (and, under a
+// limit, another thread's std::bad_alloc that ended the relay). The relay's peak RSS does not
+// move, and its live connection and probes go on.
+TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
+    TempDir dir;
+    const std::string one = memoryHungryConfig(dir, "one.yaml", kMiB);
+    CommandResult check =
+        runCommand({"/usr/bin/prlimit", "--as=150000000", kRelayBinary, "--check-config", one});
+    EXPECT_TRUE(check.status.exited && check.status.code == 1) << check.describe();
+    EXPECT_NE(check.err.find("out of memory while loading the config"), std::string::npos)
+        << check.err;
+
+    const std::string config =
+        dir.writeFile("zcrelay.yaml", singleListenerConfig(up_.hostPort(), "splice").yaml());
+    ASSERT_TRUE(relay_.startWithArgs({"-c", config, "--max-config-size", "8MiB"}));
+    Connected live = connectTo(relay_.host(), relay_.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 11));
+    const uint64_t peak_before = peakRssKib(relay_.pid());
+
+    const std::string eight = memoryHungryConfig(dir, "eight.yaml", 8 * kMiB);
+    const struct {
+        const std::string& file;
+        const char* message;
+    } reloads[] = {{one, "listeners[0]: expected a map, got a sequence"},
+                   {eight, "out of memory while loading the config"}};
+    double failures = 0;
+    for (const auto& r : reloads) {
+        ASSERT_EQ(::unlink(config.c_str()), 0);
+        ASSERT_EQ(::symlink(r.file.c_str(), config.c_str()), 0) << std::strerror(errno);
+        ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+        failures += 1;
+        EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}},
+                                         failures, Millis{30'000}));
+        EXPECT_NE(relay_.stderrText().find(r.message), std::string::npos) << r.message;
+    }
+    const uint64_t peak_after = peakRssKib(relay_.pid());
+    EXPECT_LT(peak_after, peak_before + 32 * 1024)
+        << "the relay's peak RSS grew from " << peak_before << " KiB to " << peak_after
+        << " KiB: the config was parsed in the relay";
+    EXPECT_TRUE(relay_.running());
+    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 12));
+    EXPECT_EQ(probe(relay_.metricsPort(), "/healthz").status, 200);
+}
+
+// The children of `pid`, from every one of its threads' /proc children list.
+std::vector<pid_t> childrenOf(pid_t pid) {
+    std::vector<pid_t> kids;
+    const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+        std::istringstream list(readFileText(task.path().string() + "/children"));
+        for (pid_t kid; list >> kid;) kids.push_back(kid);
+    }
+    return kids;
+}
+
+// A reader that does not finish (here: stopped by the test while it parses 8 MiB; in life, a
+// file on a hung filesystem) is killed at the deadline and the reload refused; the relay was
+// never waiting for it, and the next SIGHUP reads again.
+TEST_F(ControlPlaneTest, AReaderPastTheDeadlineIsKilledAndTheReloadRefused) {
+    TempDir dir;
+    const std::string good = singleListenerConfig(up_.hostPort(), "splice").yaml();
+    const std::string config = dir.writeFile("zcrelay.yaml", good);
+    ASSERT_TRUE(relay_.startWithArgs({"-c", config, "--max-config-size", "8MiB"}));
+    const std::string eight = memoryHungryConfig(dir, "eight.yaml", 8 * kMiB);
+    ASSERT_EQ(::unlink(config.c_str()), 0);
+    ASSERT_EQ(::symlink(eight.c_str(), config.c_str()), 0) << std::strerror(errno);
+
+    ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+    std::vector<pid_t> readers;
+    ASSERT_TRUE(waitUntil([&] { return !(readers = childrenOf(relay_.pid())).empty(); },
+                          Millis{2'000}))
+        << "no reader process appeared";
+    ASSERT_EQ(readers.size(), 1u);
+    ASSERT_EQ(::kill(readers[0], SIGSTOP), 0) << std::strerror(errno);
+
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}}, 1,
+                                     Millis{20'000}));
+    EXPECT_NE(relay_.stderrText().find("took longer than 10s; the process reading it was killed"),
+              std::string::npos)
+        << relay_.diagnostics();
+    EXPECT_TRUE(waitUntil([&] { return childrenOf(relay_.pid()).empty(); }, Millis{5'000}))
+        << "the stopped reader was neither killed nor reaped";
+    EXPECT_TRUE(relay_.running());
+
+    ASSERT_EQ(::unlink(config.c_str()), 0);
+    dir.writeFile("zcrelay.yaml", good);
+    ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "success"}}, 1));
+    expectRelaying();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reloads and signals while bytes flow.
 
@@ -506,20 +639,7 @@ TEST_F(ControlPlaneTest, SigtermAfterARefusedFifoReloadDrains) {
     std::ofstream(config) << good;
 
     ASSERT_TRUE(relay_.sendSignal(SIGTERM));
-    EXPECT_TRUE(waitUntil(
-        [&] {
-            auto r = relay_.get("/readyz");
-            return r && r->status == 503 && r->body == "draining\n";
-        },
-        Millis{5'000}))
-        << "SIGTERM was not taken: " << relay_.diagnostics();
-    ReceiveCheck during = echoRoundTrip(live.fd.get(), 6, 64 * 1024);
-    EXPECT_EQ(during.bytes, 64u * 1024) << "a live connection keeps relaying while draining";
-    EXPECT_LT(during.first_mismatch, 0) << during.describe();
-    live.fd.reset();
-    auto status = relay_.waitExit(Millis{10'000});
-    ASSERT_TRUE(status) << "the relay did not exit after its last connection closed";
-    EXPECT_TRUE(status->cleanExit()) << status->describe();
+    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live.fd), 6));
 }
 
 // SIGTERM right behind a SIGHUP, while the reload reads and parses a 1 MiB file on its own
@@ -541,20 +661,7 @@ TEST_F(ControlPlaneTest, SigtermDuringAReloadDrains) {
 
     ASSERT_TRUE(relay_.sendSignal(SIGHUP));
     ASSERT_TRUE(relay_.sendSignal(SIGTERM));
-    EXPECT_TRUE(waitUntil(
-        [&] {
-            auto r = relay_.get("/readyz");
-            return r && r->status == 503 && r->body == "draining\n";
-        },
-        Millis{5'000}))
-        << "SIGTERM was not taken: " << relay_.diagnostics();
-    ReceiveCheck during = echoRoundTrip(live.fd.get(), 9, 64 * 1024);
-    EXPECT_EQ(during.bytes, 64u * 1024) << "a live connection keeps relaying while draining";
-    EXPECT_LT(during.first_mismatch, 0) << during.describe();
-    live.fd.reset();
-    auto status = relay_.waitExit(Millis{10'000});
-    ASSERT_TRUE(status) << "the relay did not exit after its last connection closed";
-    EXPECT_TRUE(status->cleanExit()) << status->describe();
+    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live.fd), 9));
 }
 
 // SIGUSR1 reopens the access log, as nginx does (logrotate renames, then signals).
