@@ -5,6 +5,7 @@
 #include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <sstream>
 #include <type_traits>
 #include <variant>
 
@@ -860,21 +862,69 @@ void resolveRunAs(std::string_view source, const YAML::Node& root, Config& confi
     config.gid = gfound != nullptr ? static_cast<uint32_t>(gfound->gr_gid) : *gid;
 }
 
+// Whether a YAML document has any content, and where it starts: the parser's events alone, no
+// node built.
+class DocumentContent : public YAML::EventHandler {
+  public:
+    bool seen = false;
+    YAML::Mark mark;
+
+    void OnDocumentStart(const YAML::Mark&) override {}
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark& m, YAML::anchor_t) override { content(m); }
+    void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                  const std::string&) override {
+        content(m);
+    }
+    void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {
+        content(m);
+    }
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {
+        content(m);
+    }
+    void OnMapEnd() override {}
+
+  private:
+    void content(const YAML::Mark& m) {
+        if (!seen) mark = m;
+        seen = true;
+    }
+};
+
+// Every document after the first is looked at: one with content after `---` would otherwise be
+// dropped without a word, and with it whatever its author meant to configure. An empty one (a
+// trailing `---`, as generated manifests end) configures nothing and may stay. Not
+// YAML::LoadAll: on some malformed input yaml-cpp 0.7's parser yields documents without end
+// (fuzz.config found one: 2 GiB and growing), so at most kMaxDocuments are read, as events.
+void refuseLaterDocuments(std::string_view source, const std::string& text) {
+    constexpr int kMaxDocuments = 64;
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentContent first;  // the document YAML::Load took
+    if (!parser.HandleNextDocument(first)) return;
+    for (int n = 2; n <= kMaxDocuments; ++n) {
+        DocumentContent doc;
+        if (!parser.HandleNextDocument(doc)) return;
+        if (doc.seen) {
+            fail(whereAt(source, doc.mark, "(document " + std::to_string(n) + ")"),
+                 "a second YAML document (after `---`); the config is one document");
+        }
+    }
+    fail(Where{source, 0, 0, "(yaml)"},
+         "more than " + std::to_string(kMaxDocuments) + " YAML documents; the config is one");
+}
+
 // Everything but resolving `workers`, so the embedded default can be rendered machine-neutral.
 Config parseConfig(std::string_view yaml, std::string_view source) {
     YAML::Node root;
     try {
-        // Every document, not just the first: a second one after `---` would otherwise be
-        // dropped without a word, and with it whatever its author meant to configure. An empty
-        // one (a trailing `---`, as generated manifests end) configures nothing and may stay.
-        const std::vector<YAML::Node> documents = YAML::LoadAll(std::string(yaml));
-        for (size_t i = 1; i < documents.size(); ++i) {
-            if (documents[i].IsNull()) continue;
-            const std::string which = "(document " + std::to_string(i + 1) + ")";
-            fail(whereOf(source, documents[i], which),
-                 "a second YAML document (after `---`); the config is one document");
-        }
-        if (!documents.empty()) root = documents[0];
+        const std::string text(yaml);
+        root = YAML::Load(text);
+        refuseLaterDocuments(source, text);
     } catch (const YAML::ParserException& e) {
         std::string what = e.msg;
         // An unquoted "[::1]:80" opens a YAML flow sequence; the parser's complaint hides that.

@@ -336,6 +336,14 @@ TEST(LoadConfig, RefusesASecondYamlDocument) {
               "one document");
 }
 
+// 396 bytes that yaml-cpp 0.7's parser reads as documents without end (fuzz.config found it:
+// YAML::LoadAll grew to 2 GiB and never returned). Refused after a bounded look.
+TEST(LoadConfig, InputThatYieldsEndlessDocumentsIsRefused) {
+    const std::string path = sourcePath("tests/fuzz/corpus/config/regress-endless-documents.yaml");
+    EXPECT_EQ(errorOf([&] { loadConfigFile(path); }),
+              path + ": (yaml): more than 64 YAML documents; the config is one");
+}
+
 // A value of megabytes is quoted in kQuoteBytes and its length: the error stays a line.
 TEST(LoadConfig, ErrorsQuoteALongValueInEightyBytes) {
     const std::string name(1 << 20, 'n');
