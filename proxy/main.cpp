@@ -228,7 +228,10 @@ int main(int argc, char** argv) {
         std::optional<ConfigReader::Outcome> outcome = loading->take();
         if (!outcome) continue;
         loading.reset();
-        if (draining) continue;  // a drain wins over a reload that finished after it
+        if (draining) {  // a drain wins over a reload that finished after it
+            LOG_INFO("SIGHUP: the reload finished after the drain began; not applied");
+            continue;
+        }
         reload(**server, std::move(*outcome));
         if (std::exchange(reload_again, false)) loading.emplace(args);
     }
