@@ -68,7 +68,9 @@ struct Choices;
 template <>
 struct Choices<Mode> {
     static constexpr std::string_view noun = "mode";
-    static constexpr std::array values = {Mode::Splice, Mode::Copy, Mode::Sockmap};
+#define ZCRELAY_MODE_VALUE(name, label) Mode::name,
+    static constexpr std::array values = {ZCRELAY_DATA_PATHS(ZCRELAY_MODE_VALUE)};
+#undef ZCRELAY_MODE_VALUE
     static std::string_view name(Mode m) { return modeName(m); }
 };
 template <>
@@ -1143,18 +1145,6 @@ size_t clusterIndex(const Config& config, size_t listener) {
     for (size_t i = 0; i < listener; ++i)
         if (config.listeners[i].cluster.empty()) ++implicit;
     return implicit;
-}
-
-std::string_view modeName(Mode m) {
-    switch (m) {
-        case Mode::Splice:
-            return "splice";
-        case Mode::Copy:
-            return "copy";
-        case Mode::Sockmap:
-            return "sockmap";
-    }
-    return "?";
 }
 
 Config loadConfigString(std::string_view yaml, std::string_view source) {

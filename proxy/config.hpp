@@ -10,18 +10,15 @@
 #include "access_log.hpp"
 #include "address.hpp"
 #include "balance.hpp"
+#include "data_path.hpp"
 #include "units.hpp"
 
 namespace zcrelay {
 
-// How a listener's connections move bytes.
-//   Splice: socket -> pipe -> socket with splice(2); the bytes never enter user space.
-//   Copy:   io_uring recv/send through a provided buffer ring (the baseline and the fallback).
-//   Sockmap: an eBPF sk_skb verdict redirects each socket's bytes to the other's egress inside
-//           the kernel (bpf/relay.bpf.c): the low-latency path. Runs as splice where the
-//           program cannot load (no CAP_BPF/CAP_NET_ADMIN).
-enum class Mode : uint8_t { Splice, Copy, Sockmap };
-std::string_view modeName(Mode m);
+// A listener's `mode`: the data path its connections ask for (data_path.hpp); the one that
+// runs may differ (sockmap runs splice where the program cannot load, and for unix backends).
+using Mode = DataPath;
+inline std::string_view modeName(Mode m) { return label(m); }
 
 // The PROXY protocol header sent to a backend before any relayed byte (proxy_protocol.hpp).
 enum class ProxyVersion : uint8_t { Off, V1, V2 };

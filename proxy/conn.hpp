@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "address.hpp"
+#include "data_path.hpp"
 #include "pipe_pool.hpp"
 #include "reasons.hpp"
 
@@ -47,9 +48,6 @@ namespace zcrelay {
 
 enum class ConnState : uint8_t { Free, Queued, ReadingProxy, Connecting, Relaying, Closing };
 
-// Sockmap: the kernel redirects src's bytes to dst (pump/sockmap_pump.hpp); user space only
-// watches for the FIN and propagates it.
-enum class DataPath : uint8_t { Splice, Copy, Sockmap };
 
 // Copy path: buffers received on src and not yet fully sent to dst, in order. Bounded: recv is
 // re-armed only while there is room, which is the backpressure.

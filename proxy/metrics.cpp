@@ -1,5 +1,7 @@
 #include "metrics.hpp"
 
+#include <prometheus/collectable.h>
+
 #include <prometheus/client_metric.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/metric_type.h>
@@ -334,10 +336,10 @@ class Collector : public prometheus::Collectable {
                     sum([r](const ListenerStats& s) { return s.sockmap_fallbacks[r].get(); }));
             }
             for (int d = 0; d < 2; ++d) {
-                for (size_t p = 0; p < kPathLabels.size(); ++p) {
+                for (size_t p = 0; p < kDataPathLabels.size(); ++p) {
                     bytes.add({{"direction", d == 0 ? "upstream" : "downstream"},
                                {"listener", name},
-                               {"path", std::string(kPathLabels[p])}},
+                               {"path", std::string(kDataPathLabels[p])}},
                               sum([d, p](const ListenerStats& s) { return s.bytes[d][p].get(); }));
                 }
             }

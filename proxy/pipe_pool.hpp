@@ -22,7 +22,7 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-#include "metrics.hpp"
+#include "stats.hpp"
 #include "reasons.hpp"
 
 namespace zcrelay {

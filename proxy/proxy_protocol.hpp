@@ -65,6 +65,7 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(ProxyError::kC
 
 inline std::string_view label(ProxyError e) { return kProxyErrorLabels[idx(e)]; }
 
+
 struct ParseResult {
     enum Kind : uint8_t { Incomplete, Done, Malformed } kind = Incomplete;
     // Incomplete: the total number of bytes (from the start of the header) that must be present
@@ -104,3 +105,14 @@ struct ParseResult {
 ParseResult parse(std::span<const uint8_t> data, size_t max_size);
 
 }  // namespace zcrelay::proxy_protocol
+
+namespace zcrelay {
+
+// Why a client's PROXY header was refused: the parser's reasons (proxy_protocol::ProxyError,
+// the same values first), then the worker's own.
+enum class ProxyFailure : uint8_t { ZCRELAY_PROXY_ERRORS(ZCRELAY_ENUM_ITEM) Timeout, Eof, kCount };
+inline constexpr std::array<std::string_view, idx(ProxyFailure::kCount)> kProxyFailureLabels{
+    ZCRELAY_PROXY_ERRORS(ZCRELAY_LABEL_ITEM) "timeout", "eof"};
+inline std::string_view label(ProxyFailure f) { return kProxyFailureLabels[idx(f)]; }
+
+}  // namespace zcrelay

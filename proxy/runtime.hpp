@@ -24,7 +24,7 @@
 
 #include "balance.hpp"
 #include "config.hpp"
-#include "metrics.hpp"
+#include "stats.hpp"
 
 namespace zcrelay {
 
@@ -52,7 +52,7 @@ class Sharded {
 };
 
 // Upper bounds (seconds) of the connect time histogram: 100 us to 5 s, the span from a
-// loopback backend to one behind a lossy link (peers-and-pitfalls.md 4.3).
+// loopback backend to one behind a lossy link.
 inline constexpr std::array<double, 15> kConnectBuckets = {
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
 

@@ -832,7 +832,10 @@ void Worker::onProxyReadable(Conn& c, uint32_t slot, int res) {
     // Peeked, not read: the bytes after the header are the client's payload and stay in the
     // socket for the data path. A header still incomplete sets SO_RCVLOWAT to what the parser
     // needs, so the next poll fires only once that much is there, instead of at once again.
-    size_t window = std::min<size_t>(scratch_.size(), std::max<uint64_t>(l.proxy_max_size, 108));
+    // At least one byte past the longest v1 line, so a line without its CRLF within the spec's
+    // bound is seen to be too long rather than waited for.
+    size_t window = std::min<size_t>(
+        scratch_.size(), std::max<uint64_t>(l.proxy_max_size, proxy_protocol::kV1MaxLength + 1));
     ssize_t n = ::recv(c.fd[0], scratch_.data(), window, MSG_PEEK | MSG_DONTWAIT);
     if (n == 0) {
         proxyFailed(c, slot, ProxyFailure::Eof);
@@ -883,7 +886,7 @@ void Worker::onProxyReadable(Conn& c, uint32_t slot, int res) {
 void Worker::proxyFailed(Conn& c, uint32_t slot, ProxyFailure why) {
     lstats(c).proxy_errors[idx(why)].add();
     LOG_DEBUG("%s: PROXY header refused: %s", lc(c).name.c_str(),
-              std::string(kProxyFailureLabels[idx(why)]).c_str());
+              std::string(label(why)).c_str());
     closeConn(c, slot, CloseReason::ProxyProtocol);
 }
 
@@ -901,8 +904,7 @@ void Worker::logConnection(Conn& c, CloseReason reason) {
     r.reason = reason;
     r.attempts = c.attempts;
     if (c.state == ConnState::Relaying) {
-        static constexpr std::string_view kPaths[] = {"splice", "copy", "sockmap"};
-        copyField(r.path, kPaths[static_cast<int>(c.dir[0].path)]);
+        copyField(r.path, label(c.dir[0].path));
     }
     process_.access_log->push(id_, r);
 }
@@ -923,7 +925,7 @@ bool Worker::sendProxyHeader(Conn& c, uint32_t slot) {
                                                : proxy_protocol::Version::V2,
                                            clientAddress(c), c.local, header);
     // A socket that just connected has an empty send buffer, so the whole header (at most
-    // 108 bytes) is queued by this one nonblocking send, ahead of any relayed byte in every
+    // kMaxWrite bytes) is queued by this one nonblocking send, ahead of any relayed byte in every
     // data path (the sockmap's redirect starts only after this).
     ssize_t sent = ::send(c.fd[1], header.data(), n, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent == static_cast<ssize_t>(n)) {
@@ -994,6 +996,8 @@ void Worker::startDirection(Conn& c, uint32_t slot, int d) {
             break;
         case DataPath::Sockmap:
             startRedirecting(c, slot, d);
+            break;
+        case DataPath::kCount:  // not a path: the table's size
             break;
     }
 }

@@ -15,7 +15,7 @@ namespace zcrelay {
 
 enum class Op : uint8_t {
     Ignore = 0,      // cancel / close / shutdown SQEs whose CQE carries nothing we act on
-    Accept,          // multishot accept on a listener (slot = listener index)
+    Accept,          // a single-shot accept on a listener (slot = listener index)
     Wake,            // read on the worker's eventfd: another thread posted a command
     Tick,            // the worker's periodic timeout: idle sweeps, drain deadline, accept resume
     Connect,         // upstream connect
