@@ -220,15 +220,18 @@ TEST_P(UnprivilegedPath, RelaysByteExactAndEveryThreadIsDropped) {
     EXPECT_EQ(relay_.metric(metric::kDatapathInfo, metric::datapath(mode)).value_or(-1), 1)
         << "the listener runs " << mode << ", not a fallback";
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), 1));
-    for (const char* why : metric::kPipeFallbackReasons)
-        EXPECT_EQ(relay_.metric(metric::kPipeFallbacksTotal, {{"reason", why}}).value_or(-1), 0)
+    for (std::string_view why : metric::kPipeFallbackReasons)
+        EXPECT_EQ(relay_.metric(metric::kPipeFallbacksTotal, {{"reason", std::string(why)}})
+                      .value_or(-1),
+                  0)
             << why;
     if (mode == "sockmap") {
         EXPECT_EQ(
             relay_.metric("zcrelay_sockmap_connections_total", metric::listener()).value_or(-1), 1);
-        for (const char* why : metric::kSockmapFallbackReasons)
-            EXPECT_EQ(
-                relay_.metric(metric::kSockmapFallbacksTotal, metric::reason(why)).value_or(-1), 0)
+        for (std::string_view why : metric::kSockmapFallbackReasons)
+            EXPECT_EQ(relay_.metric(metric::kSockmapFallbacksTotal, metric::reason(std::string(why)))
+                          .value_or(-1),
+                      0)
                 << why;
     }
     // Threads started while relaying (none are expected) would have inherited the same sets.

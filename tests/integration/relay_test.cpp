@@ -867,12 +867,12 @@ TEST_P(MetricsTest, EveryLabelCombinationIsExportedAtZeroFromStart) {
     expectZero(metric::kConnectionsActive, metric::listener());
     expectZero(metric::kBytesTotal, metric::bytes("upstream"));
     expectZero(metric::kBytesTotal, metric::bytes("downstream"));
-    for (const char* r : metric::kConnectFailureReasons)
-        expectZero(metric::kConnectFailuresTotal, metric::reason(r));
-    for (const char* r : metric::kClosedReasons)
-        expectZero(metric::kClosedTotal, metric::reason(r));
-    for (const char* r : metric::kPipeFallbackReasons)
-        expectZero(metric::kPipeFallbacksTotal, {{"reason", r}});
+    for (std::string_view r : metric::kConnectFailureReasons)
+        expectZero(metric::kConnectFailuresTotal, metric::reason(std::string(r)));
+    for (std::string_view r : metric::kClosedReasons)
+        expectZero(metric::kClosedTotal, metric::reason(std::string(r)));
+    for (std::string_view r : metric::kPipeFallbackReasons)
+        expectZero(metric::kPipeFallbacksTotal, {{"reason", std::string(r)}});
     expectZero(metric::kPipesInUse, {});
     expectZero(metric::kAcceptPausedTotal, {});
     auto threads = findSample(*body, metric::kProcessThreads, {});

@@ -1,5 +1,6 @@
 // PipePool and pumpSplice on real pipes and real loopback TCP sockets: the kernel behaviours
-// other relays got wrong (peers-and-pitfalls.md 3.2), each reproduced and checked.
+// other relays got wrong (EAGAIN that means "pipe full", pipes that leak or never shrink),
+// each reproduced and checked.
 #include "pipe_pool.hpp"
 
 #include <fcntl.h>

@@ -1,6 +1,6 @@
 // Sockmap and the sockmap_pump functions on real loopback TCP sockets, with no relay process:
-// each kernel behaviour the sockmap data path relies on (pump/sockmap_pump.hpp,
-// ../shared/notes/kernel-datapath.md "Sockmap facts observed on this kernel") reproduced and
+// each kernel behaviour the sockmap data path relies on (pump/sockmap_pump.hpp lists them, as
+// measured on this kernel) reproduced and
 // checked, with byte-exact payloads and the program's own counters (zcr_sock_stats) as the
 // oracle.
 //

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "data_path.hpp"
+#include "reasons.hpp"
 #include "support/loopback.hpp"
 
 #ifndef ZCRELAY_BINARY
@@ -178,7 +180,7 @@ inline constexpr bool kSanitized = false;
 #endif
 
 // The three data paths a listener can run (`mode:`), for the TEST_Ps that cover each of them.
-inline const std::vector<std::string> kModes = {"splice", "copy", "sockmap"};
+inline const std::vector<std::string> kModes(kDataPathLabels.begin(), kDataPathLabels.end());
 inline std::string modeName(const ::testing::TestParamInfo<std::string>& info) {
     return info.param;
 }
@@ -262,14 +264,14 @@ inline constexpr const char* kBackendChecksTotal = "zcrelay_backend_health_check
 inline constexpr const char* kBackendTransitionsTotal = "zcrelay_backend_transitions_total";
 inline constexpr const char* kBackendConnectSeconds = "zcrelay_backend_connect_duration_seconds";
 inline constexpr const char* kProxyErrorsTotal = "zcrelay_proxy_protocol_errors_total";
+inline constexpr const char* kSockmapCatchupsTotal = "zcrelay_sockmap_catchups_total";
 
-inline constexpr const char* kClosedReasons[] = {
-    "done", "client_reset", "upstream_reset", "connect_failed", "idle_timeout", "drain", "error"};
-inline constexpr const char* kConnectFailureReasons[] = {"refused", "timeout", "unreachable",
-                                                         "addr_not_avail", "other"};
-inline constexpr const char* kPipeFallbackReasons[] = {"pool_exhausted", "pipe_limit", "emfile"};
-inline constexpr const char* kSockmapFallbackReasons[] = {"not_established", "insert_failed",
-                                                          "no_record"};
+// Every label value of these metrics, from the relay's own tables (proxy/reasons.hpp), so a
+// reason added there is covered here without a second list to forget.
+inline constexpr const auto& kClosedReasons = kCloseReasonLabels;
+inline constexpr const auto& kConnectFailureReasons = kConnectFailureLabels;
+inline constexpr const auto& kPipeFallbackReasons = kPipeFallbackLabels;
+inline constexpr const auto& kSockmapFallbackReasons = kSockmapFallbackLabels;
 
 inline Labels listener(const std::string& name = "t") { return {{"listener", name}}; }
 // direction: "upstream" (client -> upstream) or "downstream" (upstream -> client)
