@@ -22,7 +22,7 @@ parameter, e.g. <date>-<host>-samples/bulk/100x10MiB/haproxy-splice.txt.
 About ministat's "99.5%": ministat's table column labelled 99.5% holds the one-sided 0.999
 quantile of Student's t (318.313 for 1 degree of freedom), i.e. a two-sided 99.8% interval, not
 99.5% (which would be 127.321). `compare` reproduces ministat by default, so its output can be
-checked against `ministat -c 99.5` and against the numbers in ../shared/seeds/003_*; that
+checked against `ministat -c 99.5` and against the numbers the nc method was published with; that
 interval is wider (more conservative) than a true 99.5% one. `--exact` uses the true two-sided
 quantile at the stated level instead, for any level. The table also has 7 cells off in the third
 decimal (that column, df 1 and 7-12, e.g. 4.499 at df 8 where t_0.999 = 4.5008; `selftest`

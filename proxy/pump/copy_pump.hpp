@@ -8,7 +8,7 @@
 // would take the whole worker's pool. One recv in flight per direction, re-armed only while
 // the direction's queue (CopyQueue::kCapacity buffers) has room, bounds memory per connection;
 // measured on this kernel, multishot recv moved no more bytes (1180 vs 1046 MB/s, within the
-// VM's noise, kernel-datapath.md).
+// VM's noise).
 #include <liburing.h>
 
 #include "conn.hpp"

@@ -2,7 +2,7 @@
 // The in-kernel data path: both sockets of a connection in the SOCKHASH of bpf/relay.bpf.c, the
 // bytes redirected from one's receive path to the other's egress without waking user space.
 // What user space still does, and what the kernel does that forces each step (measured on
-// 6.18; ../shared/notes/kernel-datapath.md and bpf/relay_shared.h):
+// 6.18, and checked by tests/kernel/sockmap_test.cpp; bpf/relay_shared.h has the records):
 //
 // Set-up (setUpPair):
 //   - Only ESTABLISHED sockets may enter the map, so a client that already sent its FIN (a
