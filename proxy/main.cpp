@@ -142,6 +142,12 @@ int main(int argc, char** argv) {
         default:
             break;
     }
+    // Signals are taken by this thread alone, with sigtimedwait: blocked before any thread
+    // starts, so every thread inherits the mask (signals.hpp), and before the config is read,
+    // so a logrotate's SIGUSR1 during a slow start is taken once it runs instead of ending it.
+    // Only for a run: --check-config and --dump-config keep the defaults (Ctrl-C ends them).
+    sigset_t set;
+    if (options.action == CliAction::Run) blockSignals(set);
     // A SIGHUP's reader (config_reader.hpp), or anyone's `nginx -T`: limited before a byte is
     // read.
     if (options.action == CliAction::DumpConfig) limitConfigReader(maxConfigSize(options));
@@ -162,11 +168,6 @@ int main(int argc, char** argv) {
                     config.listeners.size() == 1 ? "" : "s");
         return 0;
     }
-
-    // Signals are taken by this thread alone, with sigtimedwait: blocked before any thread
-    // starts, so every thread inherits the mask (signals.hpp).
-    sigset_t set;
-    blockSignals(set);
 
     LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", ZCRELAY_VERSION, config.workers,
              config.workers == 1 ? "" : "s", renderConfig(config).c_str());
