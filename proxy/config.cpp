@@ -958,6 +958,13 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
             fail(whereOfKey(source, metrics->second, "health_listen", "metrics.health_listen"),
                  "is the same address as metrics.listen; leave it unset to serve probes there");
         }
+        // Probes are served by the metrics endpoint: with it off, health_listen would be a
+        // port the operator expects to answer and nothing listens on.
+        if (config.metrics.health_listen.length != 0 && !config.metrics.enabled) {
+            fail(whereOfKey(source, metrics->second, "health_listen", "metrics.health_listen"),
+                 "is set while metrics are off (listen \"\" or enabled: false); probes are "
+                 "served only with the endpoint on");
+        }
     }
     parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
                                     config.access_log);

@@ -1,39 +1,32 @@
-// The Worker's active health checks (worker.hpp declares them): each backend of a cluster with
-// `health_check` is checked by one worker, on that worker's ring, one step at a time:
-//
-//   Idle --interval--> Connect --ok--> [Send --all sent-->] [Recv --prefix matched-->] passed
-//                         \______________ error, timeout, wrong or missing reply ______/ failed
-//
-// Every step is one SQE with a linked timeout carrying what is left of health_check.timeout.
-// A result moves the backend's streaks in its BackendState (shared by all workers): `fall`
-// failures in a row take it down, `rise` passes bring it up.
+// The checks' steps and bookkeeping: health_check.hpp draws the state machine.
+#include "health_check.hpp"
+
+#include <liburing.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "clock.hpp"
 #include "log.hpp"
 #include "upstream.hpp"
-#include "worker.hpp"
 
 namespace zcrelay {
 
-void Worker::setUpChecks() {
-    // Checks of the previous generation: their sockets go, their CQEs and timers are ignored
-    // (generation mismatch). The backends' streaks live in BackendState and carry over.
+void HealthChecker::reset(const Runtime& rt) {
     for (Check& ck : checks_) {
         if (ck.fd < 0) continue;
-        ring_->cancelAndClose(ck.fd);
+        ring_.cancelAndClose(ck.fd);
     }
-    retired_checks_ = std::move(checks_);
+    retired_ = std::move(checks_);
     checks_.clear();
-    ++checks_generation_;
+    ++generation_;
     if (draining_) return;
-    unsigned workers = std::max(1u, rt().config.workers);
+    unsigned workers = std::max(1u, rt.config.workers);
     unsigned n = 0;
-    for (const ClusterRt& cl : rt().clusters) {
+    for (const ClusterRt& cl : rt.clusters) {
         if (!cl.config.health_check.enabled) continue;
         for (const BackendRt& b : cl.backends) {
-            if (n++ % workers != id_) continue;
+            if (n++ % workers != worker_id_) continue;
             Check ck;
             ck.cluster = &cl;
             ck.backend = &b;
@@ -42,69 +35,83 @@ void Worker::setUpChecks() {
             checks_.push_back(std::move(ck));
         }
     }
-    for (uint32_t i = 0; i < checks_.size(); ++i) startCheck(i);
+    for (uint32_t i = 0; i < checks_.size(); ++i) start(i);
 }
 
-io_uring_sqe* Worker::checkSqe(uint32_t i, Op op) {
-    io_uring_sqe* sqe = ring_->sqe();
-    io_uring_sqe_set_data64(sqe, UserData{op, 0, i, checks_generation_}.pack());
+void HealthChecker::onCompletion(const UserData& ud, int res) {
+    if (ud.generation != generation_) return;  // a retired check's
+    switch (ud.op) {
+        case Op::Check:
+            onStep(ud.slot, res);
+            return;
+        case Op::CheckTimer:
+            start(ud.slot);
+            return;
+        default:  // CheckTimeout: the step's own CQE says -ECANCELED
+            return;
+    }
+}
+
+io_uring_sqe* HealthChecker::sqe(uint32_t i, Op op) {
+    io_uring_sqe* sqe = ring_.sqe();
+    io_uring_sqe_set_data64(sqe, UserData{op, 0, i, generation_}.pack());
     return sqe;
 }
 
-void Worker::startCheck(uint32_t i) {
+void HealthChecker::start(uint32_t i) {
     if (draining_ || i >= checks_.size()) return;
     Check& ck = checks_[i];
     auto fd = openUpstreamSocket(ck.backend->config.address, ck.cluster->config.source);
     if (!fd) {
-        finishCheck(i, false, "no socket");
+        finish(i, false, "no socket");
         return;
     }
     ck.fd = fd->release();
     ck.step = Check::Step::Connect;
     ck.done = 0;
     ck.deadline_us = monotonicUs() + ck.cluster->config.health_check.timeout.count() * 1000;
-    stepCheck(i);
+    step(i);
 }
 
-void Worker::stepCheck(uint32_t i) {
+void HealthChecker::step(uint32_t i) {
     Check& ck = checks_[i];
     const HealthCheckConfig& hc = ck.cluster->config.health_check;
     int64_t left = ck.deadline_us - monotonicUs();
     if (left <= 0) {
-        finishCheck(i, false, "timeout");
+        finish(i, false, "timeout");
         return;
     }
     ck.left = usToTimespec(left);
-    io_uring_sqe* sqe = checkSqe(i, Op::Check);
+    io_uring_sqe* s = sqe(i, Op::Check);
     switch (ck.step) {
         case Check::Step::Connect:
-            io_uring_prep_connect(sqe, ck.fd, ck.backend->config.address.sockaddrPtr(),
+            io_uring_prep_connect(s, ck.fd, ck.backend->config.address.sockaddrPtr(),
                                   ck.backend->config.address.length);
             break;
         case Check::Step::Send:
-            io_uring_prep_send(sqe, ck.fd, hc.send.data() + ck.done, hc.send.size() - ck.done,
+            io_uring_prep_send(s, ck.fd, hc.send.data() + ck.done, hc.send.size() - ck.done,
                                MSG_NOSIGNAL);
             break;
         case Check::Step::Recv:
-            io_uring_prep_recv(sqe, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
+            io_uring_prep_recv(s, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
             break;
         case Check::Step::Idle:
             break;
     }
-    sqe->flags |= IOSQE_IO_LINK;
-    io_uring_prep_link_timeout(checkSqe(i, Op::CheckTimeout), &ck.left, 0);
+    s->flags |= IOSQE_IO_LINK;
+    io_uring_prep_link_timeout(sqe(i, Op::CheckTimeout), &ck.left, 0);
 }
 
-void Worker::onCheck(uint32_t i, int res) {
+void HealthChecker::onStep(uint32_t i, int res) {
     if (i >= checks_.size()) return;
     Check& ck = checks_[i];
     const HealthCheckConfig& hc = ck.cluster->config.health_check;
     if (res == -ECANCELED) {
-        finishCheck(i, false, "timeout");
+        finish(i, false, "timeout");
         return;
     }
     if (res < 0) {
-        finishCheck(i, false, strerror(-res));
+        finish(i, false, strerror(-res));
         return;
     }
     switch (ck.step) {
@@ -122,12 +129,12 @@ void Worker::onCheck(uint32_t i, int res) {
             break;
         case Check::Step::Recv:
             if (res == 0) {
-                finishCheck(i, false, "closed before the expected reply");
+                finish(i, false, "closed before the expected reply");
                 return;
             }
             ck.done += static_cast<uint32_t>(res);
             if (std::memcmp(ck.reply.data(), hc.expect.data(), ck.done) != 0) {
-                finishCheck(i, false, "unexpected reply");
+                finish(i, false, "unexpected reply");
                 return;
             }
             if (ck.done == hc.expect.size()) ck.step = Check::Step::Idle;
@@ -136,12 +143,12 @@ void Worker::onCheck(uint32_t i, int res) {
             return;
     }
     if (ck.step == Check::Step::Idle)
-        finishCheck(i, true, "passed");
+        finish(i, true, "passed");
     else
-        stepCheck(i);
+        step(i);
 }
 
-void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
+void HealthChecker::finish(uint32_t i, bool passed, const char* why) {
     Check& ck = checks_[i];
     if (ck.fd >= 0) {
         ::close(ck.fd);  // its step completed: nothing in flight holds it
@@ -169,11 +176,11 @@ void Worker::finishCheck(uint32_t i, bool passed, const char* why) {
                      fails, why);
         }
     }
-    armCheckTimer(i);
+    armTimer(i);
 }
 
-void Worker::armCheckTimer(uint32_t i) {
-    io_uring_prep_timeout(checkSqe(i, Op::CheckTimer), &checks_[i].interval, 0, 0);
+void HealthChecker::armTimer(uint32_t i) {
+    io_uring_prep_timeout(sqe(i, Op::CheckTimer), &checks_[i].interval, 0, 0);
 }
 
 }  // namespace zcrelay

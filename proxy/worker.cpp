@@ -155,7 +155,8 @@ Result<void> Worker::setUp() {
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
     armWake();
     armTick();
-    setUpChecks();
+    checker_ = std::make_unique<HealthChecker>(id_, *ring_);
+    checker_->reset(rt());
     if (int r = ring_->submit(); r < 0) return sysError("io_uring_submit", -r);
     return {};
 }
@@ -205,13 +206,10 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             onAccept(ud.slot, cqe->res, cqe->flags);
             return;
         case Op::Check:
-            if (ud.generation == checks_generation_) onCheck(ud.slot, cqe->res);
-            return;
         case Op::CheckTimer:
-            if (ud.generation == checks_generation_) startCheck(ud.slot);
-            return;
         case Op::CheckTimeout:
-            return;  // the step's own CQE says -ECANCELED
+            checker_->onCompletion(ud, cqe->res);
+            return;
         default:
             break;
     }
@@ -457,6 +455,7 @@ void Worker::onWake() {
     uint32_t cmds = commands_.exchange(0);
     if ((cmds & (kCmdDrain | kCmdStop)) && !draining_) {
         draining_ = true;
+        checker_->drain();
         drain_deadline_ms_ = now_ms_ + rt().config.drain_timeout.count();
         closeListeners();
         // Connections held at max_connections were never served: they go now, as the kernel's
@@ -543,7 +542,7 @@ void Worker::applyReload() {
     if (old->live == 0) std::erase_if(generations_, [&](const auto& g) { return g.get() == old; });
     tick_ms_ = tickFor(rt().config);
     tick_ = toTimespec(Duration(tick_ms_));
-    setUpChecks();
+    checker_->reset(rt());
     for (uint32_t i = 0; i < listeners_.size(); ++i) armAccept(i);
     applied_generation_.store(rt().generation);
 }

@@ -15,6 +15,7 @@
 #include "access_log.hpp"
 #include "config.hpp"
 #include "conn.hpp"
+#include "health_check.hpp"
 #include "pipe_pool.hpp"
 #include "process_shared.hpp"
 #include "proxy_protocol.hpp"
@@ -142,15 +143,6 @@ class Worker {
     bool sendProxyHeader(Conn& c, uint32_t slot);
     void logConnection(Conn& c, CloseReason reason);
 
-    // Health checks: this worker checks every backend whose index (over all checked backends
-    // of the current generation) is its id modulo the worker count, on its own ring.
-    void setUpChecks();
-    void startCheck(uint32_t i);
-    void stepCheck(uint32_t i);
-    void onCheck(uint32_t i, int res);
-    void finishCheck(uint32_t i, bool passed, const char* why);
-    void armCheckTimer(uint32_t i);
-    io_uring_sqe* checkSqe(uint32_t i, Op op);
     void retryFdWaiters();
     void onConnect(Conn& c, uint32_t slot, int res);
     void startDirection(Conn& c, uint32_t slot, int d);
@@ -235,25 +227,8 @@ class Worker {
     uint32_t slots_used_ = 0;     // high-water mark of slots ever handed out
     uint32_t live_ = 0;           // slots not Free (Closing ones included)
     uint32_t accepts_armed_ = 0;  // over all listeners: each may become a connection
-    // One check in progress or waiting for its next turn. A check's steps run in order, each
-    // bounded by a linked timeout carrying what is left of health_check.timeout.
-    struct Check {
-        enum class Step : uint8_t { Idle, Connect, Send, Recv };
-        const ClusterRt* cluster = nullptr;  // of the current generation (kept alive by it)
-        const BackendRt* backend = nullptr;
-        int fd = -1;
-        Step step = Step::Idle;
-        uint32_t done = 0;  // bytes of `send` sent, or of `expect` received
-        int64_t deadline_us = 0;
-        __kernel_timespec left{};      // the step's link timeout: read by the kernel at submit
-        __kernel_timespec interval{};  // the wait until the next check
-        std::string reply;             // what came back, compared with `expect`
-    };
-    std::vector<Check> checks_;
-    // The previous generation's checks: a cancelled recv may still name their buffers until
-    // the cancel is processed, so they are freed one reload later.
-    std::vector<Check> retired_checks_;
-    uint32_t checks_generation_ = 0;     // bumped on every setUpChecks: older CQEs are dropped
+    // This worker's share of the health checks, on its ring (health_check.hpp).
+    std::unique_ptr<HealthChecker> checker_;
     std::vector<uint8_t> scratch_;       // PROXY headers are peeked into this
     std::vector<uint64_t> admit_queue_;  // accepted past max_connections, oldest first
     std::vector<uint64_t> fd_waiters_;   // accepted clients waiting for an fd for their upstream

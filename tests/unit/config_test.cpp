@@ -323,6 +323,22 @@ TEST(LoadConfigFile, RefusesAFileLargerThanTheCap) {
     std::filesystem::remove(path);
 }
 
+TEST(LoadConfig, HealthListenNeedsTheEndpoint) {
+    EXPECT_EQ(errorOfYaml("metrics: {listen: \"\", health_listen: 127.0.0.1:9101}\n" +
+                          std::string(kOneListener)),
+              "t.yaml:1:38: metrics.health_listen: is set while metrics are off (listen \"\" or "
+              "enabled: false); probes are served only with the endpoint on");
+    EXPECT_EQ(errorOfYaml("metrics: {listen: 127.0.0.1:9100, health_listen: 127.0.0.1:9100}\n" +
+                          std::string(kOneListener)),
+              "t.yaml:1:50: metrics.health_listen: is the same address as metrics.listen; leave "
+              "it unset to serve probes there");
+    const Config c = loadConfigString(
+        "metrics: {listen: 127.0.0.1:9100, health_listen: \"[::1]:9101\"}\n" +
+            std::string(kOneListener),
+        "t");
+    EXPECT_EQ(c.metrics.health_listen.toString(), "[::1]:9101");
+}
+
 TEST(LoadConfig, RefusesASecondYamlDocument) {
     EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "---\nworkers: 1\n"),
               "t.yaml:5:1: (document 2): a second YAML document (after `---`); the config is "

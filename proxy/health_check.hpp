@@ -1,0 +1,77 @@
+#pragma once
+// A worker's active health checks: each backend of a cluster with `health_check` is checked by
+// one worker (its index over all checked backends, modulo the worker count), on that worker's
+// ring, one step at a time:
+//
+//   Idle --interval--> Connect --ok--> [Send --all sent-->] [Recv --prefix matched-->] passed
+//                         \______________ error, timeout, wrong or missing reply ______/ failed
+//
+// Every step is one SQE with a linked timeout carrying what is left of health_check.timeout.
+// A result moves the backend's streaks in its BackendState (shared by all workers): `fall`
+// failures in a row take it down, `rise` passes bring it up.
+//
+// The checker owns its checks and their sockets; the worker only routes the completions whose
+// op is Check, CheckTimer or CheckTimeout to it, and tells it of a new generation or a drain.
+#include <linux/time_types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime.hpp"
+#include "uring/ring.hpp"
+#include "uring/user_data.hpp"
+
+struct io_uring_sqe;
+
+namespace zcrelay {
+
+class HealthChecker {
+  public:
+    HealthChecker(unsigned worker_id, Ring& ring) : worker_id_(worker_id), ring_(ring) {}
+    HealthChecker(const HealthChecker&) = delete;
+    HealthChecker& operator=(const HealthChecker&) = delete;
+
+    // Start, or a reload: this worker's share of `rt`'s checked backends, checked from now on.
+    // The previous generation's checks are retired: their sockets close, their CQEs and timers
+    // are dropped (generation mismatch). The backends' streaks live in BackendState and carry
+    // over. `rt` must outlive the checks (the worker keeps its generation alive).
+    void reset(const Runtime& rt);
+    // Draining: no check starts any more.
+    void drain() { draining_ = true; }
+    // A completion of op Check, CheckTimer or CheckTimeout.
+    void onCompletion(const UserData& ud, int res);
+
+  private:
+    // One check in progress or waiting for its next turn.
+    struct Check {
+        enum class Step : uint8_t { Idle, Connect, Send, Recv };
+        const ClusterRt* cluster = nullptr;  // of the generation reset() was given
+        const BackendRt* backend = nullptr;
+        int fd = -1;
+        Step step = Step::Idle;
+        uint32_t done = 0;  // bytes of `send` sent, or of `expect` received
+        int64_t deadline_us = 0;
+        __kernel_timespec left{};      // the step's link timeout: read by the kernel at submit
+        __kernel_timespec interval{};  // the wait until the next check
+        std::string reply;             // what came back, compared with `expect`
+    };
+
+    void start(uint32_t i);
+    void step(uint32_t i);
+    void onStep(uint32_t i, int res);
+    void finish(uint32_t i, bool passed, const char* why);
+    void armTimer(uint32_t i);
+    io_uring_sqe* sqe(uint32_t i, Op op);
+
+    const unsigned worker_id_;
+    Ring& ring_;
+    std::vector<Check> checks_;
+    // The previous generation's checks: a cancelled recv may still name their buffers until
+    // the cancel is processed, so they are freed one reload later.
+    std::vector<Check> retired_;
+    uint32_t generation_ = 0;  // bumped on every reset(): older CQEs are dropped
+    bool draining_ = false;
+};
+
+}  // namespace zcrelay
