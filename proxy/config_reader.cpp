@@ -133,6 +133,18 @@ bool collect(Child& child, int64_t deadline_ms, std::string& out, std::string& e
     return true;
 }
 
+// Waits for the child to exit, until `deadline_ms`: one that closed its pipes and lingers (an
+// exit handler stuck) must not hold the reload either. False at the deadline.
+bool reap(pid_t pid, int64_t deadline_ms, int& status) {
+    for (;;) {
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) return true;
+        if (r < 0 && errno != EINTR) return true;  // not ours to wait for: nothing to kill
+        if (monotonicMs() >= deadline_ms) return false;
+        ::usleep(2000);
+    }
+}
+
 // What became of the child, as the reload's outcome.
 ConfigReader::Outcome outcomeOf(int status, bool in_time, std::string out, const std::string& err,
                                 const std::string& source) {
@@ -195,13 +207,10 @@ ConfigReader::ConfigReader(const std::vector<std::string>& args)
         // read ends) must not hold up a drain or the exit.
         std::thread([state = state_, child, deadline_ms, source = sourceOf(args)] {
             std::string out, err;
-            const bool in_time = collect(*child, deadline_ms, out, err);
-            if (!in_time) ::kill(child->pid, SIGKILL);
             int status = 0;
-            if (in_time) {
-                while (::waitpid(child->pid, &status, 0) < 0 && errno == EINTR) {
-                }
-            }
+            const bool in_time = collect(*child, deadline_ms, out, err) &&
+                                 reap(child->pid, deadline_ms, status);
+            if (!in_time) ::kill(child->pid, SIGKILL);
             state->post(outcomeOf(status, in_time, std::move(out), err, source));
             if (!in_time) ::waitpid(child->pid, &status, 0);  // reaped, however long it takes
         }).detach();
