@@ -65,10 +65,6 @@ bool hasBody(MHD_Connection* conn) {
     return chunked != nullptr || (length != nullptr && std::strcmp(length, "0") != 0);
 }
 
-HttpReply plain(int status, const char* text) {
-    return {status, "text/plain; charset=utf-8", text};
-}
-
 }  // namespace
 
 struct HttpServer::Callbacks {
@@ -134,12 +130,12 @@ struct HttpServer::Callbacks {
             const bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
             if (!head && std::strcmp(method, MHD_HTTP_METHOD_GET) != 0) {
                 s.reject(HttpReject::Method);
-                return queue(conn, plain(405, "only GET and HEAD\n"), "GET, HEAD");
+                return queue(conn, HttpReply::text(405, "only GET and HEAD\n"), "GET, HEAD");
             }
             if (hasBody(conn)) {
                 // Refused before the body: whatever Content-Length promised is never read.
                 s.reject(HttpReject::Body);
-                return queue(conn, plain(413, "no request body is accepted\n"));
+                return queue(conn, HttpReply::text(413, "no request body is accepted\n"));
             }
             return MHD_YES;
         }
@@ -148,7 +144,7 @@ struct HttpServer::Callbacks {
                                         [&](const HttpRoute& r) { return r.path == url; });
         if (route == s.routes_.end()) {
             s.reject(HttpReject::NotFound);
-            return queue(conn, plain(404, "not found\n"));
+            return queue(conn, HttpReply::text(404, "not found\n"));
         }
         s.stats_.requests.fetch_add(1, std::memory_order_relaxed);
         return queue(conn, route->handler());

@@ -47,6 +47,14 @@ struct HttpReply {
     int status = 200;
     std::string content_type = "text/plain; charset=utf-8";
     std::string body;
+
+    // A plain-text reply (the default content type).
+    static HttpReply text(int status, std::string body) {
+        HttpReply r;
+        r.status = status;
+        r.body = std::move(body);
+        return r;
+    }
 };
 
 struct HttpRoute {

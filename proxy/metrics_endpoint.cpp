@@ -8,8 +8,8 @@ namespace {
 
 HttpReply check(const std::function<std::string()>& probe, int bad_status, const char* good) {
     std::string why = probe();
-    if (why.empty()) return {200, "text/plain; charset=utf-8", std::string(good) + "\n"};
-    return {bad_status, "text/plain; charset=utf-8", why + "\n"};
+    if (why.empty()) return HttpReply::text(200, std::string(good) + "\n");
+    return HttpReply::text(bad_status, why + "\n");
 }
 
 }  // namespace

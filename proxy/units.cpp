@@ -135,19 +135,28 @@ std::string formatSize(uint64_t bytes) {
     return std::to_string(bytes);
 }
 
-std::string clipped(std::string_view text) {
-    if (text.size() <= kQuoteBytes) return std::string(text);
-    // Cut before a UTF-8 continuation byte, not inside a character.
+namespace {
+
+// At most kQuoteBytes of `text`, cut before a UTF-8 continuation byte, not inside a character;
+// `rest` gets what says the text went on ("...(N bytes)"), or nothing.
+std::string_view clip(std::string_view text, std::string& rest) {
+    if (text.size() <= kQuoteBytes) return text;
     size_t cut = kQuoteBytes;
     while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    return std::string(text.substr(0, cut)) + "...(" + std::to_string(text.size()) + " bytes)";
+    rest = "...(" + std::to_string(text.size()) + " bytes)";
+    return text.substr(0, cut);
+}
+
+}  // namespace
+
+std::string clipped(std::string_view text) {
+    std::string rest;
+    return std::string(clip(text, rest)) + rest;
 }
 
 std::string quoted(std::string_view text) {
-    if (text.size() <= kQuoteBytes) return "\"" + std::string(text) + "\"";
-    std::string cut = clipped(text);
-    const size_t end = cut.rfind("...(");
-    return "\"" + cut.substr(0, end) + "\"" + cut.substr(end);
+    std::string rest;
+    return "\"" + std::string(clip(text, rest)) + "\"" + rest;
 }
 
 }  // namespace zcrelay
