@@ -173,59 +173,71 @@ ConfigReader::Outcome outcomeOf(int status, bool in_time, std::string out, const
     }
 }
 
-std::string sourceOf(const std::vector<std::string>& args) {
-    for (size_t i = 0; i + 1 < args.size(); ++i)
-        if (args[i] == "-c" || args[i] == "--config") return args[i + 1];
-    for (const std::string& a : args)
-        if (a.rfind("--config=", 0) == 0) return a.substr(9);
-    return "<command line>";
-}
-
 }  // namespace
 
 struct ConfigReader::State {
     std::mutex mutex;
     std::optional<Outcome> outcome;
+    bool taken = false;  // the relay has its outcome (or gave up waiting): later posts are dropped
+    int64_t deadline_ms = 0;
 
     void post(Outcome o) {
         std::lock_guard lock(mutex);
-        outcome = std::move(o);
+        if (!taken && !outcome) outcome = std::move(o);
     }
 };
 
-ConfigReader::ConfigReader(const std::vector<std::string>& args)
-    : state_(std::make_shared<State>()) {
+namespace {
+
+// The reader's whole life, on a thread of its own: spawn, collect, reap. posix_spawn suspends
+// its caller until the child has exec'd (CLONE_VFORK), and exec reads the binary, so it runs
+// here, never on the main thread that takes the signals.
+void readConfig(const std::shared_ptr<ConfigReader::State>& state,
+                const std::vector<std::string>& args, const std::string& source) {
     auto spawned = spawnReader(args);
     if (!spawned) {
-        state_->post("cannot start the process that reads the config: " + spawned.error());
+        state->post("cannot start the process that reads the config: " + spawned.error());
         return;
     }
-    auto child = std::make_shared<Child>(std::move(*spawned));
-    const int64_t deadline_ms = monotonicMs() + kConfigReadDeadline.count();
+    Child& child = *spawned;
+    std::string out, err;
+    int status = 0;
+    const bool in_time = collect(child, state->deadline_ms, out, err) &&
+                         reap(child.pid, state->deadline_ms, status);
+    if (!in_time) ::kill(child.pid, SIGKILL);
+    state->post(outcomeOf(status, in_time, std::move(out), err, source));
+    if (!in_time) ::waitpid(child.pid, &status, 0);  // reaped, however long it takes
+}
+
+}  // namespace
+
+ConfigReader::ConfigReader(const std::vector<std::string>& args, const std::string& source)
+    : state_(std::make_shared<State>()) {
+    state_->deadline_ms = monotonicMs() + kConfigReadDeadline.count();
     try {
         // Detached: a child stuck in the kernel (a hung NFS read survives SIGKILL until the
         // read ends) must not hold up a drain or the exit.
-        std::thread([state = state_, child, deadline_ms, source = sourceOf(args)] {
-            std::string out, err;
-            int status = 0;
-            const bool in_time = collect(*child, deadline_ms, out, err) &&
-                                 reap(child->pid, deadline_ms, status);
-            if (!in_time) ::kill(child->pid, SIGKILL);
-            state->post(outcomeOf(status, in_time, std::move(out), err, source));
-            if (!in_time) ::waitpid(child->pid, &status, 0);  // reaped, however long it takes
-        }).detach();
+        std::thread([state = state_, args, source] { readConfig(state, args, source); })
+            .detach();
     } catch (const std::exception& e) {
         // No thread (no memory for its stack, or the thread limit): the reload is refused like
-        // any other, and the child does not outlive it.
-        ::kill(child->pid, SIGKILL);
-        ::waitpid(child->pid, nullptr, 0);
-        state_->post("cannot start the thread that waits for the config: " +
-                     std::string(e.what()));
+        // any other.
+        state_->post("cannot start the thread that reads the config: " + std::string(e.what()));
     }
 }
 
 std::optional<ConfigReader::Outcome> ConfigReader::take() {
     std::lock_guard lock(state_->mutex);
+    if (state_->taken) return std::nullopt;
+    // A thread that cannot even report (stuck in posix_spawn while exec waits on a hung
+    // filesystem) must not hold the reload: past the deadline and a second's grace, the relay
+    // stops waiting; the thread kills the child whenever it gets its pid.
+    if (!state_->outcome && monotonicMs() > state_->deadline_ms + 1000) {
+        state_->outcome = "reading the config took longer than " +
+                          formatDuration(kConfigReadDeadline) +
+                          "; its process did not even start (is the binary's filesystem hung?)";
+    }
+    if (state_->outcome) state_->taken = true;
     return std::exchange(state_->outcome, std::nullopt);
 }
 

@@ -37,14 +37,16 @@ class ConfigReader {
   public:
     using Outcome = std::variant<Config, std::string>;  // the config, or why it was refused
 
-    // Starts the child with `args` (the relay's argv past argv[0]) and a thread that waits for
-    // it. Never throws: a child or thread that cannot start is an outcome like any other.
-    explicit ConfigReader(const std::vector<std::string>& args);
+    // Starts a thread that runs the child with `args` (the relay's argv past argv[0]) and
+    // waits for it. `source` names the config in errors (its path, or "<command line>"). Never throws: a
+    // child or thread that cannot start is an outcome like any other.
+    ConfigReader(const std::vector<std::string>& args, const std::string& source);
     // The outcome, once there is one (the child ended, or was killed at the deadline).
     std::optional<Outcome> take();
 
+    struct State;  // shared with the reading thread (config_reader.cpp)
+
   private:
-    struct State;
     std::shared_ptr<State> state_;
 };
 

@@ -181,6 +181,7 @@ int main(int argc, char** argv) {
     ProcessShared& process = (*server)->process();
     IgnoredSignals ignored;
     bool draining = false;
+    const std::string source = options.config_path.value_or("<command line>");
     std::optional<ConfigReader> loading;  // a SIGHUP's read under way
     bool reload_again = false;          // a SIGHUP came while it was: load the file once more
     while (!(*server)->finished()) {
@@ -211,7 +212,7 @@ int main(int argc, char** argv) {
                     if (loading)
                         reload_again = true;
                     else
-                        loading.emplace(args);
+                        loading.emplace(args, source);
                     break;
                 case SignalAction::ReopenLog:
                     (*server)->reopenAccessLog();
@@ -234,7 +235,7 @@ int main(int argc, char** argv) {
             continue;
         }
         reload(**server, std::move(*outcome));
-        if (std::exchange(reload_again, false)) loading.emplace(args);
+        if (std::exchange(reload_again, false)) loading.emplace(args, source);
     }
     (*server)->join();
     LOG_INFO("drained; exiting");

@@ -138,6 +138,12 @@ size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout) {
     return count;
 }
 
+// Makes the relay's config path a symlink to `target`: what the next SIGHUP reads.
+void pointConfigAt(const std::string& config, const std::string& target) {
+    ASSERT_EQ(::unlink(config.c_str()), 0) << config << ": " << std::strerror(errno);
+    ASSERT_EQ(::symlink(target.c_str(), config.c_str()), 0) << std::strerror(errno);
+}
+
 // One 64 KiB message there and back through the echo upstream, the connection left open.
 void exchangeOnce(int fd, uint64_t seed) {
     ASSERT_TRUE(sendPayload(fd, seed, 64 * 1024).ok());
@@ -156,6 +162,14 @@ class ControlPlaneTest : public ::testing::Test {
         config.metrics_extra_yaml = metrics_extra;
         ASSERT_TRUE(relay_.start(config));
         ASSERT_NE(relay_.metricsPort(), 0);
+    }
+
+    // A relayed connection, one 64 KiB exchange done, left open for what the test does next.
+    Fd openLive(uint64_t seed) {
+        Connected c = connectTo(relay_.host(), relay_.port());
+        EXPECT_TRUE(c.fd) << c.error;
+        if (c.fd) exchangeOnce(c.fd.get(), seed);
+        return std::move(c.fd);
     }
 
     // The relay still relays: 256 KiB there and back, byte-exact.
@@ -475,9 +489,9 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
     const std::string config =
         dir.writeFile("zcrelay.yaml", singleListenerConfig(up_.hostPort(), "splice").yaml());
     ASSERT_TRUE(relay_.startWithArgs({"-c", config, "--max-config-size", "8MiB"}));
-    Connected live = connectTo(relay_.host(), relay_.port());
-    ASSERT_TRUE(live.fd) << live.error;
-    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 11));
+    Fd live = openLive(11);
+    ASSERT_TRUE(live) << "no live connection";
+    if (HasFatalFailure()) return;
     const uint64_t peak_before = peakRssKib(relay_.pid());
 
     const std::string eight = memoryHungryConfig(dir, "eight.yaml", 8 * kMiB);
@@ -489,8 +503,7 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
     double failures = 0;
     for (const auto& r : reloads) {
         if (kSanitized && &r.file == &eight) continue;  // no limit for the reader to meet
-        ASSERT_EQ(::unlink(config.c_str()), 0);
-        ASSERT_EQ(::symlink(r.file.c_str(), config.c_str()), 0) << std::strerror(errno);
+        ASSERT_NO_FATAL_FAILURE(pointConfigAt(config, r.file));
         ASSERT_TRUE(relay_.sendSignal(SIGHUP));
         failures += 1;
         EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}},
@@ -502,7 +515,7 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
         << "the relay's peak RSS grew from " << peak_before << " KiB to " << peak_after
         << " KiB: the config was parsed in the relay";
     EXPECT_TRUE(relay_.running());
-    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 12));
+    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.get(), 12));
     EXPECT_EQ(probe(relay_.metricsPort(), "/healthz").status, 200);
 }
 
@@ -526,15 +539,19 @@ TEST_F(ControlPlaneTest, AReaderPastTheDeadlineIsKilledAndTheReloadRefused) {
     const std::string config = dir.writeFile("zcrelay.yaml", good);
     ASSERT_TRUE(relay_.startWithArgs({"-c", config, "--max-config-size", "8MiB"}));
     const std::string eight = memoryHungryConfig(dir, "eight.yaml", 8 * kMiB);
-    ASSERT_EQ(::unlink(config.c_str()), 0);
-    ASSERT_EQ(::symlink(eight.c_str(), config.c_str()), 0) << std::strerror(errno);
+    ASSERT_NO_FATAL_FAILURE(pointConfigAt(config, eight));
 
     ASSERT_TRUE(relay_.sendSignal(SIGHUP));
+    // Stopped only once it runs --dump-config: a child still between posix_spawn's clone and
+    // its exec shares the relay's memory and command line.
     std::vector<pid_t> readers;
-    ASSERT_TRUE(waitUntil([&] { return !(readers = childrenOf(relay_.pid())).empty(); },
-                          Millis{2'000}))
-        << "no reader process appeared";
-    ASSERT_EQ(readers.size(), 1u);
+    const auto execd = [&] {
+        readers = childrenOf(relay_.pid());
+        return readers.size() == 1 &&
+               readFileText("/proc/" + std::to_string(readers[0]) + "/cmdline")
+                       .find("--dump-config") != std::string::npos;
+    };
+    ASSERT_TRUE(waitUntil(execd, Millis{2'000})) << "no reader process appeared";
     ASSERT_EQ(::kill(readers[0], SIGSTOP), 0) << std::strerror(errno);
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}}, 1,
@@ -583,8 +600,7 @@ TEST_P(ControlPlaneDuringTransfer, BadReloadsAndStraySignalsLeaveTheTransferExac
     for (const BadFile& bad : badFiles()) {
         SCOPED_TRACE(bad.name);
         const std::string path = bad.make(scratch);
-        ASSERT_EQ(::unlink(config.c_str()), 0);
-        ASSERT_EQ(::symlink(path.c_str(), config.c_str()), 0) << std::strerror(errno);
+        ASSERT_NO_FATAL_FAILURE(pointConfigAt(config, path));
         ASSERT_TRUE(relay.sendSignal(SIGHUP));
         failures += 1;
         EXPECT_TRUE(relay.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}},
@@ -592,9 +608,7 @@ TEST_P(ControlPlaneDuringTransfer, BadReloadsAndStraySignalsLeaveTheTransferExac
         EXPECT_NE(relay.stderrText().find(bad.message), std::string::npos);
         EXPECT_EQ(relay.get("/readyz").value_or(HttpResponse{}).status, 200);
     }
-    ASSERT_EQ(::unlink(config.c_str()), 0);
-    scratch.writeFile("good.yaml", good);
-    ASSERT_EQ(::symlink(scratch.file("good.yaml").c_str(), config.c_str()), 0);
+    ASSERT_NO_FATAL_FAILURE(pointConfigAt(config, scratch.writeFile("good.yaml", good)));
 
     for (int sig : {SIGUSR1, SIGUSR2, SIGALRM, SIGTTIN, SIGTTOU, SIGWINCH, SIGUSR2, SIGUSR1}) {
         ASSERT_TRUE(relay.sendSignal(sig));
@@ -630,9 +644,9 @@ INSTANTIATE_TEST_SUITE_P(Modes, ControlPlaneDuringTransfer, ::testing::ValuesIn(
 // and SIGTERM drains: /readyz says so, the live connection finishes, the relay exits 0.
 TEST_F(ControlPlaneTest, SigtermAfterARefusedFifoReloadDrains) {
     ASSERT_NO_FATAL_FAILURE(startRelay());
-    Connected live = connectTo(relay_.host(), relay_.port());
-    ASSERT_TRUE(live.fd) << live.error;
-    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 5));
+    Fd live = openLive(5);
+    ASSERT_TRUE(live) << "no live connection";
+    if (HasFatalFailure()) return;
 
     const std::string config = relay_.configPath();
     const std::string good = readFileText(config);
@@ -645,18 +659,18 @@ TEST_F(ControlPlaneTest, SigtermAfterARefusedFifoReloadDrains) {
     std::ofstream(config) << good;
 
     ASSERT_TRUE(relay_.sendSignal(SIGTERM));
-    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live.fd), 6));
+    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live), 6));
 }
 
-// SIGTERM right behind a SIGHUP, while the reload reads and parses a 1 MiB file on its own
-// thread: the drain starts whatever the reload is doing, and a reload that finishes after it
+// SIGTERM right behind a SIGHUP, while the reload's child process reads and parses a 1 MiB
+// file: the drain starts whatever the reload is doing, and a reload that finishes after it
 // is dropped (a draining relay takes no new config). Whichever comes first, the relay drains
 // its live connection and exits 0.
 TEST_F(ControlPlaneTest, SigtermDuringAReloadDrains) {
     ASSERT_NO_FATAL_FAILURE(startRelay());
-    Connected live = connectTo(relay_.host(), relay_.port());
-    ASSERT_TRUE(live.fd) << live.error;
-    ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.fd.get(), 8));
+    Fd live = openLive(8);
+    ASSERT_TRUE(live) << "no live connection";
+    if (HasFatalFailure()) return;
 
     // The same config, grown to just under the 1 MiB cap: the longest a reload may read.
     const std::string config = relay_.configPath();
@@ -667,7 +681,7 @@ TEST_F(ControlPlaneTest, SigtermDuringAReloadDrains) {
 
     ASSERT_TRUE(relay_.sendSignal(SIGHUP));
     ASSERT_TRUE(relay_.sendSignal(SIGTERM));
-    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live.fd), 9));
+    ASSERT_NO_FATAL_FAILURE(expectDrainedAndExited(std::move(live), 9));
 }
 
 // SIGUSR1 reopens the access log, as nginx does (logrotate renames, then signals).
