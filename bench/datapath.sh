@@ -811,7 +811,7 @@ main() {
         write_latency_json
     fi
     echo
-    echo "Failed measurements are reported on stderr and not counted. JSON lines: $RESULTS"
+    echo "Failed measurements are reported on stderr and not counted. JSON lines: bench/results/$(basename "$RESULTS")"
 
     ((TOTAL_FAILS == 0)) || { log "$TOTAL_FAILS failed measurement(s)"; return 1; }
 }

@@ -429,7 +429,7 @@ main() {
     done
     echo
     echo "MB/s = 10^6 B/s, client start to sink exit; failed runs are not counted."
-    echo "nc limits bulk throughput: compare relays on CPU s/GiB. JSON lines: $RESULTS"
+    echo "nc limits bulk throughput: compare relays on CPU s/GiB. JSON lines: bench/results/$(basename "$RESULTS")"
 
     local total=0
     for r in "${relays[@]}"; do total=$((total + fails[$r])); done
