@@ -1,20 +1,30 @@
 #pragma once
 // A relayed connection: a client socket, an upstream socket, and two directions between them.
 //
-// Lifecycle (Conn::state):
+// Lifecycle (Conn::state); enter() in conn.cpp is the only writer and checks every edge:
 //
-//   Free ─accept─▶ [Queued] ─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying ─both Finished─▶ Closing ─▶ Free
-//                        │               │  ▲ retry              │                         ▲
-//                        │               └──┘ (another backend)  │                         │
-//                        └─bad/slow header──┴─no backend, all connects failed──┴─reset, error, idle, drain─┘
+//   Free ─accept─▶ Accepted ─▶ [Queued] ─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying
+//                     │            │              │              │  ▲                    │
+//                     │            │              │              └──┘ retry              │
+//                     ▼            ▼              ▼              ▼                       ▼
+//                  Closing ◀────────────────────────────────────────────────────────────────
+//                     │
+//                     ▼ every SQE issued for the slot has completed
+//                   Free
 //
+//   [ ] a step taken only when needed: Accepted may go to any later one, Queued to
+//   ReadingProxy or Connecting. Into Closing: refused (a limit), drain, a bad or slow PROXY
+//   header, no backend, every connect failed; from Relaying: both directions finished, a
+//   reset or error, idle, drain.
+//
+//   Accepted    counted in, its next step not chosen yet (within the accept's completion).
 //   Queued      accepted while the listener or the process was at max_connections (accepts
 //               armed before the limit was reached): held, unserved, until a connection ends.
-//   ReadingProxy  accept_proxy: the client's PROXY header is awaited (SO_RCVLOWAT makes the
-//               kernel wake us only once the bytes the parser needs are there), bounded by
-//               proxy_timeout.
+//   ReadingProxy  accept_proxy: the client's PROXY header is awaited (proxy_reader.hpp),
+//               bounded by proxy_timeout.
 //   Connecting  a connect to the backend the cluster picked is in flight, bounded by a linked
-//               timeout; a failure tries another backend (retries) within connect_timeout.
+//               timeout; a failure tries another backend (retries) within connect_timeout
+//               (upstream_side.hpp).
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
@@ -24,85 +34,48 @@
 //               new connection.
 //
 // Direction d reads fd[d] and writes fd[1 - d]: direction 0 is client -> upstream ("upstream"
-// in metrics), direction 1 is upstream -> client ("downstream").
-//
-// A direction, in the splice and copy paths, is in one of these waits at any time:
-//   waiting to read   its src has no data: a POLLIN (splice) or a recv (copy) is armed on src;
-//                     the direction holds no pipe and no buffer.
-//   waiting to write  dst's send buffer is full: a POLLOUT (splice) or a send (copy) is armed on
-//                     dst, and a POLLRDHUP watch on src so an RST there is noticed at once.
-//   finished          src sent FIN and all of it reached dst, which was shut down for writing.
-// A sockmap direction waits for src's FIN (POLLRDHUP) while the kernel moves its bytes, and
-// otherwise for a barrier (the kernel's backlog to reach dst) or, moving passed bytes, as copy.
+// in metrics), direction 1 is upstream -> client ("downstream"). Each direction's bytes move
+// through one pump (pump/), whose state is its own: the waits of each path are drawn in its
+// header.
 #include <linux/time_types.h>
 
 #include <array>
 #include <cstdint>
+#include <variant>
 
 #include "address.hpp"
 #include "data_path.hpp"
-#include "pipe_pool.hpp"
+#include "pump/copy_pump.hpp"
+#include "pump/sockmap_kernel.hpp"
+#include "pump/sockmap_pump.hpp"
+#include "pump/splice_pump.hpp"
 #include "reasons.hpp"
 
 namespace zcrelay {
 
-enum class ConnState : uint8_t { Free, Queued, ReadingProxy, Connecting, Relaying, Closing };
-
-
-// Copy path: buffers received on src and not yet fully sent to dst, in order. Bounded: recv is
-// re-armed only while there is room, which is the backpressure.
-struct CopyChunk {
-    uint16_t bid = 0;
-    uint32_t len = 0;
-    uint32_t sent = 0;
+enum class ConnState : uint8_t {
+    Free,
+    Accepted,
+    Queued,
+    ReadingProxy,
+    Connecting,
+    Relaying,
+    Closing
 };
 
-struct CopyQueue {
-    static constexpr uint8_t kCapacity = 4;
-    std::array<CopyChunk, kCapacity> items;
-    uint8_t head = 0;
-    uint8_t count = 0;
-
-    bool empty() const { return count == 0; }
-    bool full() const { return count == kCapacity; }
-    CopyChunk& front() { return items[head]; }
-    void push(CopyChunk c) { items[(head + count++) % kCapacity] = c; }
-    void pop() {
-        head = (head + 1) % kCapacity;
-        --count;
-    }
-};
+// In DataPath order: the alternative's index is the direction's path.
+using Pump = std::variant<SplicePump, CopyPump, SockmapPump>;
+static_assert(std::variant_size_v<Pump> == idx(DataPath::kCount));
+static_assert(std::is_same_v<std::variant_alternative_t<idx(DataPath::Splice), Pump>, SplicePump>);
+static_assert(std::is_same_v<std::variant_alternative_t<idx(DataPath::Copy), Pump>, CopyPump>);
+static_assert(
+    std::is_same_v<std::variant_alternative_t<idx(DataPath::Sockmap), Pump>, SockmapPump>);
 
 struct Direction {
-    DataPath path = DataPath::Splice;
-    bool eof = false;         // src returned end of stream
-    bool finished = false;    // eof propagated: dst shut down for writing
-    bool poll_in = false;     // POLLIN armed on src
-    bool watch = false;       // POLLRDHUP watch armed on src (while not reading it)
-    bool src_hup = false;     // the watch saw src's FIN; the data before it is still to be read
-    bool poll_out = false;    // POLLOUT armed on dst
-    bool recv_armed = false;  // copy: a recv on src in flight
-    bool send_armed = false;  // copy: a send on dst in flight
-    Pipe pipe;                // splice: held only while bytes are moving
-    uint32_t in_pipe = 0;     // splice: bytes read into the pipe and not yet written out
-    CopyQueue queue;          // copy: buffers in flight
-    // Sockmap (pump/sockmap_pump.hpp): the kernel redirects; these track what is left to us.
-    bool catching_up = false;    // passed bytes wait for dst to queue all redirected before them
-    bool user_copy = false;      // passed bytes are moving by copy (recv/send, the queue above)
-    bool barrier_armed = false;  // a timer to look at a barrier (or the EOF) again
-    uint8_t barrier_step = 0;    // how many times it waited in a row (the back-off)
-    uint64_t bpf_seen = 0;       // record.redirected already added to the metrics
-    uint64_t taken = 0;          // passed bytes received by user space
-    uint64_t consumed = 0;       // of those, bytes sent to dst or skipped (mirrored in the record)
-    uint64_t copied = 0;         // of those, bytes sent to dst
-    uint64_t barrier_left = 0;   // bytes the barrier still waited for last time
-    // Bytes outside the data path, for the barriers (they compare the kernel's counts of both
-    // sockets): read from src by the worker (a PROXY header taken) and written to dst by it (a
-    // PROXY header sent).
-    uint32_t src_skipped = 0;
-    uint32_t dst_extra = 0;
+    bool finished = false;  // src's FIN was passed on: dst is shut down for writing
+    Pump pump;
 
-    bool waitingToWrite() const { return in_pipe > 0 || !queue.empty(); }
+    DataPath path() const { return static_cast<DataPath>(pump.index()); }
 };
 
 struct Generation;
@@ -131,16 +104,33 @@ struct Conn {
     uint32_t generation = 0;           // bumped on every reuse of the slot
     uint32_t inflight = 0;             // SQEs issued for this slot whose CQE has not arrived
     int fd[2] = {-1, -1};              // [0] client, [1] upstream
-    uint64_t cookie[2] = {0, 0};       // sockmap: SO_COOKIE of fd[i], its key in the maps
-    bool linked[2] = {false, false};   // sockmap: fd[i] has an entry in zcr_links
-    bool in_map[2] = {false, false};   // sockmap: fd[i] is in the SOCKHASH
-    uint32_t record = 0;         // sockmap: the index of fd[0]'s counters; fd[1]'s is record + 1
+    // Bytes outside the data path, which the sockmap barriers count (they compare the kernel's
+    // counts of both sockets): the PROXY header read from the client, and the one sent on.
+    uint32_t proxy_in = 0;
+    uint32_t proxy_out = 0;
+    SockmapPair sockmap;         // the sockets' entries in the sockmap, if any
     int64_t last_active_ms = 0;  // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;
     uint32_t next_free = 0;  // free-list link while Free
 
     bool bothFinished() const { return dir[0].finished && dir[1].finished; }
 };
+
+// Whether the diagram above draws an edge from `from` to `to`.
+bool isEdge(ConnState from, ConnState to);
+// Moves c to `to`. An edge the diagram above does not draw is a bookkeeping bug: logged, and
+// fatal in debug and sanitizer builds.
+void enter(Conn& c, ConnState to);
+const char* name(ConnState s);
+
+// An SQE for connection c (in `slot`), tagged with its slot, generation and direction and
+// counted in its inflight: the slot is not reused before the CQE has come back.
+inline io_uring_sqe* connSqe(Ring& ring, Conn& c, uint32_t slot, Op op, int d = 0) {
+    io_uring_sqe* sqe = ring.sqe();
+    io_uring_sqe_set_data64(sqe, UserData{op, static_cast<uint8_t>(d), slot, c.generation}.pack());
+    ++c.inflight;
+    return sqe;
+}
 
 // Which metric reason an error on direction d's src (read side) or dst (write side) means.
 inline CloseReason resetReason(int dir, bool on_src) {

@@ -4,7 +4,7 @@
 // One per process, shared by the workers: map updates are syscalls, safe from any thread, and
 // each worker only touches the records of its own range of indexes.
 //
-// What the kernel does with a socket in the SOCKHASH is in pump/sockmap_pump.hpp.
+// What the kernel does with a socket in the SOCKHASH is in pump/sockmap_kernel.hpp.
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -1,5 +1,6 @@
 #include "pump/copy_pump.hpp"
 
+#include <poll.h>
 #include <sys/socket.h>
 
 namespace zcrelay {
@@ -25,15 +26,127 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
                        MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-CopyNext copyNext(const Direction& d) {
-    CopyNext next;
-    // One send in flight per direction: two sends on one socket may complete out of order
-    // when one of them has to wait for space (liburing proxy.c serializes sends for this).
+void CopyPump::recycle(PumpEnv& env, uint16_t bid) {
+    env.bufs.recycle(bid);
+    env.buffers_freed = true;
+}
+
+CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv, RecvWait wait) {
     // Not while waiting for POLLOUT on dst after a send found no room (prepCopySend).
-    next.arm_send = !d.send_armed && !d.poll_out && !d.queue.empty();
-    next.arm_recv = !d.recv_armed && !d.eof && !d.queue.full();
-    next.finish = d.eof && d.queue.empty() && !d.send_armed && !d.finished;
+    bool arm_send = !send_armed_ && !poll_out_ && !queue_.empty();
+    bool arm_recv = !recv_armed_ && !eof_ && !queue_.full() && may_recv;
+    if (eof_ && queue_.empty() && !send_armed_ && !done_) {
+        done_ = true;
+        return Flow::Drained;
+    }
+    if (!arm_send && !arm_recv && !send_armed_ && !recv_armed_ && queue_.empty() && !eof_)
+        return Flow::Idle;
+    if (arm_send) {
+        prepCopySend(p.sqe(Op::Send), p.dst, env.bufs, queue_.front());
+        send_armed_ = true;
+    }
+    if (arm_recv) {
+        prepCopyRecv(p.sqe(Op::Recv), p.src, env.bufs, wait);
+        recv_armed_ = true;
+    }
+    if (queue_.full() && !recv_armed_) watch_.arm(p, eof_);
+    return Flow::Moving;
+}
+
+void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
+    recv_armed_ = false;
+    if (flags & IORING_CQE_F_BUFFER) {
+        auto bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
+        if (res > 0)
+            recycle(env, bid);
+        else
+            env.bufs.recycle(bid);
+    }
+}
+
+int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res) {
+    send_armed_ = false;
+    if (res < 0) {
+        if (res == -EAGAIN) {
+            // dst is full: send again once it says it has room.
+            if (!poll_out_) {
+                io_uring_prep_poll_add(p.sqe(Op::PollOut), p.dst, POLLOUT);
+                poll_out_ = true;
+            }
+            return 0;
+        }
+        return res == -EINTR ? 0 : res;
+    }
+    CopyChunk& chunk = queue_.front();
+    chunk.sent += static_cast<uint32_t>(res);
+    if (chunk.sent == chunk.len) {
+        recycle(env, chunk.bid);
+        queue_.pop();
+    }
+    return res;
+}
+
+Step CopyPump::settle(const PumpPort& p, Flow flow) {
+    if (flow != Flow::Drained) return {};
+    // Everything read before the FIN has been sent: pass the FIN on.
+    ::shutdown(p.dst, SHUT_WR);
+    Step out;
+    out.kind = Step::Finished;
+    return out;
+}
+
+Step CopyPump::start(const PumpPort& p, PumpEnv& env) {
+    return settle(p, advance(p, env, true, RecvWait::Kernel));
+}
+
+Step CopyPump::resume(const PumpPort& p, PumpEnv& env) { return start(p, env); }
+
+Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags) {
+    Step out;
+    switch (op) {
+        case Op::Recv: {
+            int error = 0;
+            Got got = onRecv(
+                p, env, res, flags, [](char*, uint32_t len) { return len; }, error);
+            if (got == Got::Failed) return Step::failed(true, error);
+            if (got == Got::Starved) {
+                out.starved = true;
+                return out;
+            }
+            out.active = got == Got::Data;
+            break;
+        }
+        case Op::Send: {
+            int64_t n = onSend(p, env, res);
+            if (n < 0) return Step::failed(false, static_cast<int>(-n));
+            out.moved = static_cast<uint64_t>(n);
+            break;
+        }
+        case Op::PollOut:
+            poll_out_ = false;
+            if (res < 0) return out;
+            break;
+        case Op::Watch:
+            watch_.armed = false;
+            if (res < 0) return out;
+            if (res & POLLERR) return Step::failed(true, pendingError(p.src));
+            // POLLRDHUP alone: a FIN, which the recv reads in order after the queued bytes.
+            watch_.hup = true;
+            return out;
+        default:
+            return out;
+    }
+    Step next = settle(p, advance(p, env, true, RecvWait::Kernel));
+    next.moved = out.moved;
+    next.active = out.active;
     return next;
+}
+
+void CopyPump::reclaim(PumpEnv& env) {
+    while (!queue_.empty()) {
+        recycle(env, queue_.front().bid);
+        queue_.pop();
+    }
 }
 
 }  // namespace zcrelay

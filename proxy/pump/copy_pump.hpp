@@ -1,7 +1,8 @@
 #pragma once
 // The copy data path: io_uring recv into a provided buffer, then send from it. Bytes pass
 // through user-space memory (one copy in, one out), which is what the splice path avoids; it is
-// the baseline the benches compare against and the fallback when no pipe can be had.
+// the baseline the benches compare against, the fallback when no pipe can be had, and how a
+// sockmap direction moves the bytes its program passed to user space (sockmap_pump.hpp).
 //
 // Why single-shot recv and not multishot: a multishot recv keeps filling buffers for as long as
 // the socket has data and the worker's ring has buffers, so a connection whose reader is slow
@@ -9,9 +10,20 @@
 // the direction's queue (CopyQueue::kCapacity buffers) has room, bounds memory per connection;
 // measured on this kernel, multishot recv moved no more bytes (1180 vs 1046 MB/s, within the
 // VM's noise).
+//
+// A copy direction is in one of these waits at any time:
+//   waiting to read   a recv is armed on src (the kernel picks a buffer once data is there);
+//   waiting to write  a send is armed on dst, or a POLLOUT after a send found no room, and a
+//                     watch on src while the queue is full and no recv is armed;
+//   starved           every buffer of the worker is queued somewhere: it waits for one to come
+//                     back (the worker calls resume());
+//   finished          src sent FIN and all of it reached dst, which was shut down for writing.
 #include <liburing.h>
 
-#include "conn.hpp"
+#include <array>
+#include <cstdint>
+
+#include "pump/pump.hpp"
 #include "uring/buf_ring.hpp"
 
 namespace zcrelay {
@@ -24,14 +36,118 @@ namespace zcrelay {
 // opcode RECV). Caller: MSG_DONTWAIT, the recv completes with -EAGAIN and the worker waits.
 enum class RecvWait : uint8_t { Kernel, Caller };
 void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait);
+
+// Buffers received on src and not yet fully sent to dst, in order. Bounded: recv is re-armed
+// only while there is room, which is the backpressure.
+struct CopyChunk {
+    uint16_t bid = 0;
+    uint32_t len = 0;
+    uint32_t sent = 0;
+};
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk);
 
-// What a copy direction should have in flight next, given its queue.
-struct CopyNext {
-    bool arm_send = false;
-    bool arm_recv = false;
-    bool finish = false;  // EOF read and every byte sent: shut dst down for writing
+struct CopyQueue {
+    static constexpr uint8_t kCapacity = 4;
+    std::array<CopyChunk, kCapacity> items;
+    uint8_t head = 0;
+    uint8_t count = 0;
+
+    bool empty() const { return count == 0; }
+    bool full() const { return count == kCapacity; }
+    CopyChunk& front() { return items[head]; }
+    void push(CopyChunk c) { items[(head + count++) % kCapacity] = c; }
+    void pop() {
+        head = (head + 1) % kCapacity;
+        --count;
+    }
 };
-CopyNext copyNext(const Direction& d);
+
+class CopyPump {
+  public:
+    CopyPump() = default;
+    // A splice direction falling back to copy hands over its watch: one poll per socket.
+    explicit CopyPump(const SourceWatch& carried) : watch_(carried) {}
+
+    // ---- a copy direction
+    Step start(const PumpPort& p, PumpEnv& env);
+    // Recv, Send, PollOut and Watch completions.
+    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags);
+    // After Step::starved: buffers came back to the ring.
+    Step resume(const PumpPort& p, PumpEnv& env);
+    Step scan(const PumpPort&, PumpEnv&) { return {}; }
+    uint64_t kernelBytes(PumpEnv&) { return 0; }
+    void quiet(PumpEnv&) {}
+    // Nothing to release before the sockets close: a send in flight still reads its buffer.
+    void abort(const PumpPort&, PumpEnv&) {}
+    // The slot is freed (nothing in flight any more): the queued buffers go back to the ring.
+    void reclaim(PumpEnv& env);
+
+    // ---- the parts, for a pump that moves some of its bytes by copy
+    enum class Flow : uint8_t {
+        Moving,   // something is armed, or it waits for a buffer
+        Drained,  // src's EOF was read and every byte before it sent (dst is not shut)
+        Idle,     // nothing armed, nothing queued, no EOF: `may_recv` held it back
+    };
+    // Arms what the queue allows: a send of its head (one at a time: two sends on one socket
+    // may complete out of order when one of them has to wait for space), a recv while it has
+    // room and `may_recv`, a watch on src while it is full and not reading.
+    Flow advance(const PumpPort& p, PumpEnv& env, bool may_recv, RecvWait wait);
+
+    enum class Got : uint8_t { Data, Eof, Again, Starved, Failed };
+    // A Recv CQE. Data: `keep(data, len)` returns how many of the `len` bytes received into
+    // `data` are to be sent (it may close up what it drops); a chunk left empty goes straight
+    // back to the ring. Failed: `error` is the errno.
+    template <class Keep>
+    Got onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_t flags, Keep&& keep, int& error);
+    // A Recv CQE the caller handles itself: the recv is over, its buffer goes back.
+    void recvDone(PumpEnv& env, int res, uint32_t flags);
+    // A Send CQE: the bytes sent (0 when dst was full: a POLLOUT is armed), or -errno.
+    int64_t onSend(const PumpPort& p, PumpEnv& env, int res);
+    void pollOutDone() { poll_out_ = false; }
+
+    SourceWatch& watch() { return watch_; }
+    bool eof() const { return eof_; }
+
+  private:
+    Step settle(const PumpPort& p, Flow flow);
+    void recycle(PumpEnv& env, uint16_t bid);
+
+    CopyQueue queue_;          // buffers in flight
+    bool eof_ = false;         // src returned end of stream
+    bool done_ = false;        // Drained was reported (the FIN passed on)
+    bool recv_armed_ = false;  // a recv on src in flight
+    bool send_armed_ = false;  // a send on dst in flight
+    bool poll_out_ = false;    // POLLOUT armed on dst after a send found no room
+    SourceWatch watch_;
+};
+
+template <class Keep>
+CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_t flags,
+                               Keep&& keep, int& error) {
+    recv_armed_ = false;
+    bool has_buffer = flags & IORING_CQE_F_BUFFER;
+    uint16_t bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
+    if (res > 0) {
+        CopyChunk chunk{bid, keep(env.bufs.data(bid), static_cast<uint32_t>(res)), 0};
+        if (chunk.len == 0)
+            recycle(env, bid);
+        else
+            queue_.push(chunk);
+        return Got::Data;
+    }
+    if (has_buffer) env.bufs.recycle(bid);
+    if (res == 0) {
+        eof_ = true;
+        return Got::Eof;
+    }
+    if (res == -ENOBUFS) {
+        // With nothing queued and nothing to send, only a watch notices an RST meanwhile.
+        if (!send_armed_ && queue_.empty()) watch_.arm(p, eof_);
+        return Got::Starved;
+    }
+    if (res == -EINTR || res == -EAGAIN) return Got::Again;
+    error = -res;
+    return Got::Failed;
+}
 
 }  // namespace zcrelay

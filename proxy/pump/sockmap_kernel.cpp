@@ -1,5 +1,5 @@
 // <linux/tcp.h>, not <netinet/tcp.h>: glibc's struct tcp_info stops before tcpi_bytes_sent.
-#include "pump/sockmap_pump.hpp"
+#include "pump/sockmap_kernel.hpp"
 
 #include <linux/tcp.h>
 #include <netinet/in.h>
@@ -34,23 +34,24 @@ int peek(int fd) {
 
 }  // namespace
 
-PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base, uint64_t limit) {
+PairSetUp setUpPair(Sockmap& map, SockmapPair& c, const int (&fd)[2], uint32_t index_base,
+                    uint64_t limit) {
     PairSetUp out;
     auto fallBack = [&](SockmapFallback why, DataPath p0, DataPath p1) {
         out.fell_back = true;
         out.reason = why;
-        c.dir[0].path = p0;
-        c.dir[1].path = p1;
+        out.path[0] = p0;
+        out.path[1] = p1;
         return out;
     };
     if (index_base + 1 >= map.capacity())
         return fallBack(SockmapFallback::NoRecord, DataPath::Splice, DataPath::Splice);
     // Either socket may have had its FIN by now; the kernel would refuse it (EOPNOTSUPP).
     // Asking first keeps the refusal from striking after the other socket went in.
-    if (!established(c.fd[0]) || !established(c.fd[1]))
+    if (!established(fd[0]) || !established(fd[1]))
         return fallBack(SockmapFallback::NotEstablished, DataPath::Splice, DataPath::Splice);
     for (int i = 0; i < 2; ++i) {
-        auto cookie = socketCookie(c.fd[i]);
+        auto cookie = socketCookie(fd[i]);
         if (!cookie)
             return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
         c.cookie[i] = *cookie;
@@ -69,33 +70,41 @@ PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base, uint64_t limit) 
     // window the client last saw closed: no window update goes out, and a client blocked on
     // it waits for its persist timer (208 ms in 1 of 3 1-MiB half-close exchanges, measured).
     // Passed, the bytes are read by the catch-up copy, whose recvmsg() sends the update.
-    if (!map.insert(c.fd[0], c.cookie[0])) {
+    if (!map.insert(fd[0], c.cookie[0])) {
         tearDownPair(map, c);
         return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
     }
     c.in_map[0] = true;
-    peek(c.fd[0]);
-    if (!map.insert(c.fd[1], c.cookie[1])) {
+    peek(fd[0]);
+    if (!map.insert(fd[1], c.cookie[1])) {
         // The client's socket stays in: its psock may hold passed bytes, which taking it out
         // would purge. With its peer never in the map, the program passes all it receives:
         // client -> upstream moves by copy. Upstream -> client never entered the kernel path.
         fallBack(SockmapFallback::InsertFailed, DataPath::Copy, DataPath::Splice);
     } else {
         c.in_map[1] = true;
-        c.dir[0].path = DataPath::Sockmap;
-        c.dir[1].path = DataPath::Sockmap;
-        peek(c.fd[1]);
+        peek(fd[1]);
     }
     return out;
 }
 
-void tearDownPair(Sockmap& map, Conn& c) {
+void tearDownPair(Sockmap& map, SockmapPair& c) {
     for (int i = 0; i < 2; ++i) {
         if (!c.linked[i]) continue;
         map.remove(c.cookie[i], c.in_map[i]);
         c.linked[i] = false;
         c.in_map[i] = false;
     }
+}
+
+bool pairBroken(Sockmap& map, const SockmapPair& pair, int& side) {
+    for (int i = 0; i < 2; ++i) {
+        if (pair.linked[i] && (loadRelaxed(map.record(pair.record + i).flags) & ZCR_BROKEN)) {
+            side = i;
+            return true;
+        }
+    }
+    return false;
 }
 
 SockmapEof checkEof(int src, bool src_write_shut) {

@@ -1,8 +1,9 @@
 #pragma once
-// The in-kernel data path: both sockets of a connection in the SOCKHASH of bpf/relay.bpf.c, the
-// bytes redirected from one's receive path to the other's egress without waking user space.
-// What user space still does, and what the kernel does that forces each step (measured on
-// 6.18, and checked by tests/kernel/sockmap_test.cpp; bpf/relay_shared.h has the records):
+// The in-kernel data path, its kernel side: both sockets of a connection in the SOCKHASH of
+// bpf/relay.bpf.c, the bytes redirected from one's receive path to the other's egress without
+// waking user space, and the questions user space asks the kernel about those sockets. What
+// the kernel does that forces each step (measured on 6.18, checked by tests/kernel/sockmap_*;
+// bpf/relay_shared.h has the records; sockmap_pump.hpp is the state machine on top):
 //
 // Set-up (setUpPair):
 //   - Only ESTABLISHED sockets may enter the map, so a client that already sent its FIN (a
@@ -32,25 +33,41 @@
 //   whose writing side is already shut down is the psock's failed late send, not an error.
 #include <cstdint>
 
-#include "conn.hpp"
+#include "data_path.hpp"
 #include "reasons.hpp"
 #include "sockmap.hpp"
 
 namespace zcrelay {
 
-struct PairSetUp {
-    bool fell_back = false;  // reason says why; the directions' paths are set either way
-    SockmapFallback reason = SockmapFallback::NotEstablished;
+// A connection's two sockets as the maps know them: [0] the client's, [1] the upstream's.
+struct SockmapPair {
+    uint64_t cookie[2] = {0, 0};      // SO_COOKIE of each socket, its key in the maps
+    bool linked[2] = {false, false};  // the socket has an entry in zcr_links
+    bool in_map[2] = {false, false};  // the socket is in the SOCKHASH
+    uint32_t record = 0;              // the index of the client socket's record; +1 upstream's
+
+    bool any() const { return linked[0] || linked[1]; }
 };
 
-// Links and inserts c's two sockets (records index_base, index_base + 1, each allowing `limit`
-// bytes in flight) and sets each direction's path: Sockmap, or Splice/Copy where the kernel
-// would not take it. Every socket it linked is marked in c.linked / c.in_map and must go
-// through tearDownPair() before close().
-PairSetUp setUpPair(Sockmap& map, Conn& c, uint32_t index_base, uint64_t limit);
+struct PairSetUp {
+    bool fell_back = false;  // reason says why; path[] is set either way
+    SockmapFallback reason = SockmapFallback::NotEstablished;
+    DataPath path[2] = {DataPath::Sockmap, DataPath::Sockmap};  // per direction
+};
 
-// Takes c's sockets out of the maps. Idempotent.
-void tearDownPair(Sockmap& map, Conn& c);
+// Links and inserts the sockets fd[0] (client) and fd[1] (upstream) (records index_base,
+// index_base + 1, each allowing `limit` bytes in flight) and says each direction's path:
+// Sockmap, or Splice/Copy where the kernel would not take it. Every socket it linked is marked
+// in pair.linked / pair.in_map and must go through tearDownPair() before close().
+PairSetUp setUpPair(Sockmap& map, SockmapPair& pair, const int (&fd)[2], uint32_t index_base,
+                    uint64_t limit);
+
+// Takes the pair's sockets out of the maps. Idempotent.
+void tearDownPair(Sockmap& map, SockmapPair& pair);
+
+// Whether the program marked a linked socket's stream beyond repair (ZCR_BROKEN); `side` gets
+// which socket's (0 client, 1 upstream).
+bool pairBroken(Sockmap& map, const SockmapPair& pair, int& side);
 
 struct SockmapEof {
     enum Kind : uint8_t {

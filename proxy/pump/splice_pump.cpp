@@ -1,6 +1,7 @@
 #include "pump/splice_pump.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -29,38 +30,119 @@ ReadResult confirmEof(int src, int& error) {
 
 }  // namespace
 
-bool releaseIdlePipe(Direction& d, PipePool& pool) {
-    if (!d.pipe.valid() || d.in_pipe != 0) return false;
-    pool.release(d.pipe);
+bool SplicePump::releaseIdle(PipePool& pool) {
+    if (!pipe_.valid() || in_pipe_ != 0) return false;
+    pool.release(pipe_);
     return true;
 }
 
-SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t pipe_size,
-                      uint64_t& moved) {
+void SplicePump::abort(const PumpPort&, PumpEnv& env) {
+    PipePool& pool = env.pipes;
+    if (!pipe_.valid()) return;
+    // Bytes still in a pipe were never delivered; the connection is gone, so are they.
+    if (in_pipe_ == 0)
+        pool.release(pipe_);
+    else
+        pool.discard(pipe_);
+    in_pipe_ = 0;
+}
+
+Step SplicePump::start(const PumpPort& p, PumpEnv&) {
+    // One-shot poll: a level-triggered check at arm time, so data that arrived while no poll
+    // was armed is seen at once, and no stream of wake-ups while we are busy elsewhere.
+    io_uring_prep_poll_add(p.sqe(Op::PollIn), p.src, POLLIN | POLLRDHUP);
+    poll_in_ = true;
+    return {};
+}
+
+Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t /*flags*/) {
+    switch (op) {
+        case Op::PollIn:
+            poll_in_ = false;
+            break;
+        case Op::PollOut:
+            poll_out_ = false;
+            break;
+        case Op::Watch:
+            watch_.armed = false;
+            if (res < 0) return {};
+            if (res & POLLERR) return Step::failed(true, pendingError(p.src));
+            // POLLRDHUP alone: a FIN, which the direction reads in order once dst drains.
+            watch_.hup = true;
+            return {};
+        default:
+            return {};
+    }
+    if (res < 0) return {};  // cancelled: the connection is closing
+    return pump(p, env);
+}
+
+Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
+    Step out;
+    if (done_) return out;
+    SpliceStep step = move(p.src, p.dst, env.pipes, p.pipe_size, out.moved);
+    switch (step.kind) {
+        case SpliceStep::WaitRead:
+            env.stats.splice_eagain[p.dir][0].add();
+            if (!poll_in_) {
+                io_uring_prep_poll_add(p.sqe(Op::PollIn), p.src, POLLIN | POLLRDHUP);
+                poll_in_ = true;
+            }
+            break;
+        case SpliceStep::WaitWrite:
+            env.stats.splice_eagain[p.dir][1].add();
+            if (!poll_out_) {
+                io_uring_prep_poll_add(p.sqe(Op::PollOut), p.dst, POLLOUT);
+                poll_out_ = true;
+            }
+            // While it waits for dst it does not read src: only the watch sees an RST there.
+            watch_.arm(p, eof_);
+            break;
+        case SpliceStep::Finished:
+            done_ = true;
+            out.kind = Step::Finished;
+            break;
+        case SpliceStep::NeedCopy:
+            out.kind = Step::ToCopy;
+            out.fallback = step.fallback;
+            break;
+        case SpliceStep::Failed:
+            out.kind = Step::Failed;
+            out.on_src = step.on_src;
+            out.error = step.error;
+            break;
+    }
+    return out;
+}
+
+SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved) {
+    Pipe& pipe = pipe_;
+    uint32_t& in_pipe = in_pipe_;
+    bool& eof = eof_;
     moved = 0;
-    if (!d.pipe.valid()) {
-        auto pipe = pool.acquire();
-        if (!pipe) return SpliceStep{SpliceStep::NeedCopy, false, 0, pipe.error()};
-        d.pipe = *pipe;
+    if (!pipe.valid()) {
+        auto fresh = pool.acquire();
+        if (!fresh) return SpliceStep{SpliceStep::NeedCopy, false, 0, fresh.error()};
+        pipe = *fresh;
     }
     bool stuck_nonempty = false;  // a 0-byte splice with data still waiting on src
     for (;;) {
         bool progress = false;
         bool src_emptied = false;
-        if (!d.eof && d.in_pipe < d.pipe.capacity) {
-            uint32_t asked = d.pipe.capacity - d.in_pipe;
-            ssize_t n = ::splice(src, nullptr, d.pipe.write_fd, nullptr, asked, kSpliceFlags);
+        if (!eof && in_pipe < pipe.capacity) {
+            uint32_t asked = pipe.capacity - in_pipe;
+            ssize_t n = ::splice(src, nullptr, pipe.write_fd, nullptr, asked, kSpliceFlags);
             if (n > 0) {
-                d.in_pipe += static_cast<uint32_t>(n);
+                in_pipe += static_cast<uint32_t>(n);
                 progress = true;
                 src_emptied = n < kSmallRead && static_cast<uint32_t>(n) < asked;
                 // A full pipe means this flow is bulk: let it have the listener's pipe_size.
-                if (d.in_pipe == d.pipe.capacity) pool.grow(d.pipe, pipe_size);
+                if (in_pipe == pipe.capacity) pool.grow(pipe, pipe_size);
             } else if (n == 0) {
                 int err = 0;
                 switch (confirmEof(src, err)) {
                     case ReadResult::Eof:
-                        d.eof = true;
+                        eof = true;
                         break;
                     case ReadResult::NotEof:
                         stuck_nonempty = true;
@@ -77,10 +159,10 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
             // fragment takes a slot however small, so a 64 KiB pipe can be "full" at 23 KiB).
             // It is only read as "src empty" below, when the pipe is empty too.
         }
-        if (d.in_pipe > 0) {
-            ssize_t n = ::splice(d.pipe.read_fd, nullptr, dst, nullptr, d.in_pipe, kSpliceFlags);
+        if (in_pipe > 0) {
+            ssize_t n = ::splice(pipe.read_fd, nullptr, dst, nullptr, in_pipe, kSpliceFlags);
             if (n > 0) {
-                d.in_pipe -= static_cast<uint32_t>(n);
+                in_pipe -= static_cast<uint32_t>(n);
                 moved += static_cast<uint64_t>(n);
                 progress = true;
             } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
@@ -93,11 +175,11 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
         // stream. Wait for POLLIN instead. If src did have more (a pipe can run out of slots
         // before bytes), nothing stalls: io_uring polls once when the poll is armed and
         // completes it at once.
-        if (src_emptied && d.in_pipe == 0) break;
+        if (src_emptied && in_pipe == 0) break;
     }
-    if (d.in_pipe > 0) return SpliceStep{SpliceStep::WaitWrite, false, 0, {}};
-    if (d.eof) {
-        pool.release(d.pipe);
+    if (in_pipe > 0) return SpliceStep{SpliceStep::WaitWrite, false, 0, {}};
+    if (eof) {
+        pool.release(pipe);
         // Everything read before the FIN has been written: pass the FIN on. ENOTCONN means dst
         // is already gone, which its own direction will report.
         ::shutdown(dst, SHUT_WR);
@@ -106,13 +188,13 @@ SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t p
     if (stuck_nonempty) {
         // src has bytes, the pipe is empty and splice still moved nothing: the kernel cannot
         // give this pipe pages. Copy is the only way left to make progress.
-        pool.release(d.pipe);
+        pool.release(pipe);
         return SpliceStep{SpliceStep::NeedCopy, false, 0, PipeFallback::PipeLimit};
     }
     // The pipe is empty but stays with the direction: a bulk flow goes quiet between bursts
     // thousands of times per GiB, and handing the pipe back each time would shrink and regrow
     // it (two F_SETPIPE_SZ) per burst. The worker's sweep takes back pipes of directions that
-    // stayed idle (releaseIdlePipe), so idle connections still hold none.
+    // stayed idle (releaseIdle), so idle connections still hold none.
     return SpliceStep{SpliceStep::WaitRead, false, 0, {}};
 }
 

@@ -6,16 +6,24 @@
 // threads for 50 connections, measured) and capping io-wq deadlocks it. The ring tells us when
 // a socket is ready; the splice itself then runs on this thread, nonblocking, and costs one
 // syscall that moves up to a pipe's worth of bytes without touching them.
+//
+// A splice direction is in one of these waits at any time:
+//   waiting to read   src has no data: a POLLIN is armed on src; the direction holds at most
+//                     an empty pipe (given back by the sweep if it stays quiet).
+//   waiting to write  dst's send buffer is full: a POLLOUT is armed on dst, and a watch on src
+//                     so an RST there is noticed at once.
+//   finished          src sent FIN and all of it reached dst, which was shut down for writing.
 #include <cstdint>
 
-#include "conn.hpp"
 #include "pipe_pool.hpp"
+#include "pump/pump.hpp"
 
 namespace zcrelay {
 
+// What one round of inline splices found.
 struct SpliceStep {
     enum Kind : uint8_t {
-        WaitRead,   // src is empty (the empty pipe stays until releaseIdlePipe)
+        WaitRead,   // src is empty (the empty pipe stays until releaseIdle)
         WaitWrite,  // dst is full and the pipe holds bytes
         Finished,   // src reached EOF, everything was delivered, dst was shut down
         NeedCopy,   // no pipe could be had: move this direction by copy (reason in fallback)
@@ -27,12 +35,41 @@ struct SpliceStep {
     PipeFallback fallback = PipeFallback::PoolExhausted;
 };
 
-// Moves what can be moved now from src to dst through d's pipe. `moved` gets the bytes written
-// to dst. Never blocks.
-SpliceStep pumpSplice(Direction& d, int src, int dst, PipePool& pool, uint32_t pipe_size,
-                      uint64_t& moved);
+class SplicePump {
+  public:
+    // Arms the first POLLIN.
+    Step start(const PumpPort& p, PumpEnv& env);
+    // PollIn, PollOut and Watch completions.
+    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags);
+    Step resume(const PumpPort&, PumpEnv&) { return {}; }
+    Step scan(const PumpPort&, PumpEnv&) { return {}; }
+    uint64_t kernelBytes(PumpEnv&) { return 0; }
+    // The pipe of a direction that stayed quiet through a tick goes back to the pool.
+    void quiet(PumpEnv& env) { releaseIdle(env.pipes); }
+    // The connection closes: the pipe goes back, or is discarded with bytes never delivered.
+    void abort(const PumpPort& p, PumpEnv& env);
+    void reclaim(PumpEnv&) {}
+    // Moves what can be moved now from src to dst through the pipe; `moved` gets the bytes
+    // written to dst. Never blocks, arms nothing (start/onCompletion do).
+    SpliceStep move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved);
+    // Gives an empty pipe back to the pool; false when there is none or it still holds bytes.
+    bool releaseIdle(PipePool& pool);
+    // A direction that falls back to copy keeps its watch on src (one poll per socket).
+    const SourceWatch& watch() const { return watch_; }
 
-// Gives an empty pipe back to the pool; false when there is none or it still holds bytes.
-bool releaseIdlePipe(Direction& d, PipePool& pool);
+    uint32_t inPipe() const { return in_pipe_; }
+    const Pipe& pipe() const { return pipe_; }
+
+  private:
+    Step pump(const PumpPort& p, PumpEnv& env);
+
+    Pipe pipe_;              // held only while bytes are moving (and through short pauses)
+    uint32_t in_pipe_ = 0;   // bytes read into the pipe and not yet written out
+    bool eof_ = false;       // src returned end of stream
+    bool done_ = false;      // the FIN was passed on
+    bool poll_in_ = false;   // POLLIN armed on src
+    bool poll_out_ = false;  // POLLOUT armed on dst
+    SourceWatch watch_;
+};
 
 }  // namespace zcrelay

@@ -1,0 +1,610 @@
+#include "connections.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "clock.hpp"
+#include "log.hpp"
+#include "tcp_options.hpp"
+
+namespace zcrelay {
+namespace {
+
+bool isPeerError(int err) {
+    switch (err) {
+        case ECONNRESET:
+        case EPIPE:
+        case ETIMEDOUT:
+        case ECONNABORTED:
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+        case ENOTCONN:
+            return true;
+        default:
+            return false;
+    }
+}
+
+}  // namespace
+
+Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, WorkerStats& stats,
+                         PumpEnv& pumps, Acceptor& acceptor, Generations& generations,
+                         const int64_t& now_ms, uint32_t max_conns, Sockmap* sockmap,
+                         uint32_t sockmap_base)
+    : id_(worker),
+      ring_(ring),
+      process_(process),
+      stats_(stats),
+      pumps_(pumps),
+      acceptor_(acceptor),
+      generations_(generations),
+      now_ms_(now_ms),
+      max_conns_(max_conns),
+      sockmap_(sockmap),
+      sockmap_base_(sockmap_base),
+      admission_(process),
+      upstream_(worker) {
+    starved_.reserve(4096);
+    starved_retry_.reserve(4096);
+}
+
+void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
+    Conn& c = conn(ud.slot);
+    if (c.generation != ud.generation || c.state == ConnState::Free) {
+        LOG_ERROR("stale completion op=%d slot=%u gen=%u (slot gen %u): bookkeeping bug",
+                  static_cast<int>(ud.op), ud.slot, ud.generation, c.generation);
+        if (cqe->flags & IORING_CQE_F_BUFFER)
+            pumps_.bufs.recycle(static_cast<uint16_t>(cqe->flags >> IORING_CQE_BUFFER_SHIFT));
+        return;
+    }
+    --c.inflight;
+    switch (ud.op) {
+        case Op::Connect:
+            if (c.state == ConnState::Connecting)
+                onConnectStep(c, ud.slot,
+                              upstream_.onConnect(ring_, c, ud.slot, cqe->res, now_ms_));
+            break;
+        case Op::ConnectTimeout:
+            break;  // the connect's own CQE says -ECANCELED if this fired
+        case Op::ProxyRead:
+            if (c.state == ConnState::ReadingProxy && cqe->res >= 0)
+                onProxyRead(c, ud.slot, cqe->res);
+            break;
+        case Op::PollIn:
+        case Op::PollOut:
+        case Op::Watch:
+        case Op::Recv:
+        case Op::Send:
+        case Op::Barrier:
+            if (c.state == ConnState::Relaying) {
+                onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags);
+            } else if (cqe->flags & IORING_CQE_F_BUFFER) {
+                // A recv that completed as the connection closed: its buffer goes back.
+                pumps_.bufs.recycle(static_cast<uint16_t>(cqe->flags >> IORING_CQE_BUFFER_SHIFT));
+            }
+            break;
+        default:
+            break;
+    }
+    if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
+}
+
+bool Connections::accept(int fd, int32_t listener) {
+    uint32_t slot = allocConn();
+    if (slot == UINT32_MAX) return false;
+    Generation& gen = generations_.current();
+    const ListenerRt& lr = gen.rt->listeners[listener];
+    Conn& c = conn(slot);
+    enter(c, ConnState::Accepted);
+    c.listener = static_cast<uint8_t>(listener);
+    c.gen = &gen;
+    ++gen.live;
+    c.fd[0] = fd;
+    c.counted_active = true;
+    c.accepted_us = wallClockUs();
+    c.accepted_mono_us = monotonicUs();
+    c.last_active_ms = now_ms_;
+    lr.shared->stats[id_].accepted.add();
+    stats_.accepted.add();
+    applyTcpOptions(fd, lr.config, lr.config.tcp_keepalive);
+    // The access log names the client when the connection ends, and by then getpeername()
+    // fails: a socket that saw both FINs or an RST is in TCP_CLOSE, which the kernel answers
+    // with ENOTCONN. Ask while it is still connected.
+    if (process_.access_log != nullptr) clientAddress(c);
+    if (!admission_.queued() && admission_.admit(c)) {
+        serve(c, slot);
+    } else {
+        enter(c, ConnState::Queued);
+        admission_.enqueue(c, slot);
+        acceptor_.setLimitPaused(true);
+    }
+    return true;
+}
+
+bool Connections::resume(bool draining) {
+    resume_wanted_ = false;
+    if (admission_.fdWaiters()) retryFdWaiters();
+    if (draining || admission_.fdWaiters() || live_ >= max_conns_) return false;
+    if (!admission_.holdSpareFd()) return false;  // still out of fds: try again next tick
+    acceptor_.resume();
+    acceptor_.setLimitPaused(admission_.queued());  // arming sets it again where a limit holds
+    admission_.admitQueued(
+        [&](UserData ud) -> Conn* {
+            Conn& c = conn(ud.slot);
+            return c.generation == ud.generation && c.state == ConnState::Queued ? &c : nullptr;
+        },
+        [&](Conn& c, uint32_t slot) { serve(c, slot); });
+    return true;
+}
+
+void Connections::closeQueued() {
+    // Connections held at max_connections were never served: they go now, as the kernel's
+    // accept queue does with the listeners.
+    for (uint64_t packed : admission_.takeQueue()) {
+        UserData ud = UserData::unpack(packed);
+        Conn& c = conn(ud.slot);
+        if (c.generation == ud.generation && c.state == ConnState::Queued)
+            closeConn(c, ud.slot, CloseReason::Drain);
+    }
+}
+
+void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
+        if (drain_deadline) {
+            closeConn(c, slot, CloseReason::Drain);
+            continue;
+        }
+        const ListenerConfig& l = listenerConfig(c);
+        if (c.state == ConnState::ReadingProxy &&
+            now_ms_ - c.last_active_ms >= l.proxy_timeout.count()) {
+            proxyFailed(c, slot, ProxyFailure::Timeout);
+            continue;
+        }
+        if (c.state != ConnState::Relaying) continue;
+        // The kernel moved a sockmap connection's bytes: what it counted is activity too.
+        for (int d = 0; d < 2; ++d) {
+            uint64_t n =
+                std::visit([&](auto& pump) { return pump.kernelBytes(pumps_); }, c.dir[d].pump);
+            if (n > 0) addBytes(c, d, n);
+        }
+        int64_t idle = l.idle_timeout.count();
+        if (idle > 0 && now_ms_ - c.last_active_ms >= idle) {
+            closeConn(c, slot, CloseReason::IdleTimeout);
+            continue;
+        }
+        // A direction that kept its (empty) pipe through a quiet tick gives it back.
+        if (now_ms_ - c.last_active_ms >= tick_ms) {
+            for (Direction& dir : c.dir)
+                std::visit([&](auto& pump) { pump.quiet(pumps_); }, dir.pump);
+        }
+    }
+}
+
+// ---- the lifecycle of a connection ---------------------------------------------------------
+
+uint32_t Connections::allocConn() {
+    if (free_head_ == UINT32_MAX) {
+        if (slots_used_ + kChunk > UserData::kMaxSlot) return UINT32_MAX;
+        // Grows only past the previous peak of connections: no allocation in steady state.
+        chunks_.push_back(std::make_unique<Conn[]>(kChunk));
+        uint32_t base = static_cast<uint32_t>((chunks_.size() - 1) * kChunk);
+        for (uint32_t i = kChunk; i-- > 0;) {
+            conn(base + i).next_free = free_head_;
+            free_head_ = base + i;
+        }
+    }
+    uint32_t slot = free_head_;
+    free_head_ = conn(slot).next_free;
+    slots_used_ = std::max(slots_used_, slot + 1);
+    ++live_;
+    return slot;
+}
+
+void Connections::serve(Conn& c, uint32_t slot) {
+    // With accept_proxy the client is the one the header names: its limit waits for that.
+    if (listenerConfig(c).accept_proxy) {
+        enter(c, ConnState::ReadingProxy);
+        c.last_active_ms = now_ms_;  // proxy_timeout counts from here (sweep)
+        proxy_reader_.start(ring_, c, slot);
+    } else {
+        startConnect(c, slot);
+    }
+}
+
+void Connections::onProxyRead(Conn& c, uint32_t slot, int res) {
+    ProxyRead r = proxy_reader_.onReadable(ring_, c, slot, listenerConfig(c), res);
+    switch (r.kind) {
+        case ProxyRead::Wait:
+            return;
+        case ProxyRead::Done:
+            startConnect(c, slot);
+            return;
+        case ProxyRead::Failed:
+            proxyFailed(c, slot, r.why);
+            return;
+        case ProxyRead::Reset:
+            closeConn(c, slot, CloseReason::ClientReset);
+            return;
+        case ProxyRead::Error:
+            closeConn(c, slot, CloseReason::Error);
+            return;
+    }
+}
+
+void Connections::proxyFailed(Conn& c, uint32_t slot, ProxyFailure why) {
+    lstats(c).proxy_errors[idx(why)].add();
+    LOG_DEBUG("%s: PROXY header refused: %s", listenerConfig(c).name.c_str(),
+              std::string(label(why)).c_str());
+    closeConn(c, slot, CloseReason::ProxyProtocol);
+}
+
+void Connections::startConnect(Conn& c, uint32_t slot) {
+    if (!admission_.admitSource(c)) {
+        closeConn(c, slot, CloseReason::SourceLimit);
+        return;
+    }
+    enter(c, ConnState::Connecting);
+    onConnectStep(c, slot, upstream_.start(ring_, c, slot));
+}
+
+void Connections::connect(Conn& c, uint32_t slot) {
+    onConnectStep(c, slot, upstream_.connect(ring_, c, slot));
+}
+
+void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
+    switch (step.kind) {
+        case ConnectStep::Pending:
+            return;
+        case ConnectStep::OutOfFds:
+            // The client is not dropped: it gets the spare fd, or waits (accepting stops)
+            // until a closing connection gives fds back, bounded by connect_timeout.
+            acceptor_.pause(ring_);
+            if (admission_.useSpareFd()) {
+                step = upstream_.connect(ring_, c, slot);
+                if (step.kind != ConnectStep::OutOfFds) {
+                    onConnectStep(c, slot, step);
+                    return;
+                }
+            }
+            admission_.waitForFd(c, slot);
+            return;
+        case ConnectStep::Connected:
+            startRelaying(c, slot);
+            return;
+        case ConnectStep::Close:
+            closeConn(c, slot, step.reason);
+            return;
+    }
+}
+
+void Connections::retryFdWaiters() {
+    admission_.retryFdWaiters([&](UserData ud) {
+        Conn& c = conn(ud.slot);
+        if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0)
+            return;
+        if (monotonicUs() >= c.connect_deadline_us) {
+            lstats(c).connect_failures[idx(ConnectFailure::Other)].add();
+            LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
+                     listenerConfig(c).name.c_str());
+            closeConn(c, ud.slot, CloseReason::ConnectFailed);
+            return;
+        }
+        connect(c, ud.slot);
+    });
+}
+
+void Connections::startRelaying(Conn& c, uint32_t slot) {
+    enter(c, ConnState::Relaying);
+    c.last_active_ms = now_ms_;
+    if (int err = upstream_.sendProxyHeader(c); err != 0) {
+        failDirection(c, slot, 0, false, err);
+        return;
+    }
+    choosePaths(c, slot);
+    for (int d = 0; d < 2; ++d) {
+        PumpPort p = port(c, slot, d);
+        apply(c, slot, d,
+              std::visit([&](auto& pump) { return pump.start(p, pumps_); }, c.dir[d].pump));
+        if (c.state != ConnState::Relaying) return;
+    }
+}
+
+void Connections::choosePaths(Conn& c, uint32_t slot) {
+    const ListenerConfig& l = listenerConfig(c);
+    const BackendRt& be = clusterOf(c).backends[c.backend];
+    DataPath path[2] = {DataPath::Splice, DataPath::Splice};
+    if (l.mode == Mode::Copy) path[0] = path[1] = DataPath::Copy;
+    // The sockmap program relays TCP sockets only; a unix backend runs splice.
+    if (l.mode == Mode::Sockmap && sockmap_ != nullptr && be.config.address.family() != AF_UNIX) {
+        PairSetUp r;
+        if (slot < max_conns_) {
+            // In flight per direction (the psock's backlog plus the peer's send queue): four
+            // pipes' worth, comparable to what splice has the kernel hold for a direction (one
+            // pipe plus the socket buffers). pipe_size is the one knob for both.
+            uint64_t limit = std::max<uint64_t>(4 * l.pipe_size, 64 * 1024);
+            r = setUpPair(*sockmap_, c.sockmap, c.fd, sockmap_base_ + 2 * slot, limit);
+        } else {
+            // Slots stay below max_conns (the fd budget bounds live connections); defensive.
+            r.fell_back = true;
+            r.reason = SockmapFallback::NoRecord;
+            r.path[0] = r.path[1] = DataPath::Splice;
+        }
+        for (int i = 0; i < 2; ++i)
+            if (c.sockmap.in_map[i]) stats_.sockmap_sockets.add();
+        if (c.sockmap.any()) {
+            if (sockmap_conns_++ == 0) armSockmapScan();
+            lstats(c).sockmap_connections.add();
+        }
+        if (r.fell_back) {
+            lstats(c).sockmap_fallbacks[idx(r.reason)].add();
+            LOG_DEBUG("%s: sockmap fallback %s", l.name.c_str(),
+                      std::string(label(r.reason)).c_str());
+        }
+        path[0] = r.path[0];
+        path[1] = r.path[1];
+    }
+    for (int d = 0; d < 2; ++d) {
+        switch (path[d]) {
+            case DataPath::Splice:
+                c.dir[d].pump.emplace<SplicePump>();
+                break;
+            case DataPath::Copy:
+                c.dir[d].pump.emplace<CopyPump>();
+                break;
+            case DataPath::Sockmap:
+                // The PROXY headers taken and sent are bytes of direction 0's sockets.
+                c.dir[d].pump.emplace<SockmapPump>(c.sockmap.record, static_cast<uint8_t>(d),
+                                                   d == 0 ? c.proxy_in : 0,
+                                                   d == 0 ? c.proxy_out : 0);
+                break;
+            case DataPath::kCount:  // not a path: the table's size
+                break;
+        }
+    }
+}
+
+PumpPort Connections::port(Conn& c, uint32_t slot, int d) {
+    return PumpPort{ring_,
+                    UserData{Op::Ignore, static_cast<uint8_t>(d), slot, c.generation}.pack(),
+                    c.inflight,
+                    static_cast<uint8_t>(d),
+                    c.fd[d],
+                    c.fd[1 - d],
+                    c.dir[1 - d].finished,
+                    static_cast<uint32_t>(listenerConfig(c).pipe_size),
+                    lstats(c)};
+}
+
+void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags) {
+    PumpPort p = port(c, slot, d);
+    apply(c, slot, d,
+          std::visit([&](auto& pump) { return pump.onCompletion(p, pumps_, op, res, flags); },
+                     c.dir[d].pump));
+}
+
+void Connections::apply(Conn& c, uint32_t slot, int d, Step step) {
+    if (step.moved > 0) addBytes(c, d, step.moved);
+    if (step.active) c.last_active_ms = now_ms_;
+    if (step.starved)
+        starved_.push_back(UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
+    switch (step.kind) {
+        case Step::Wait:
+            return;
+        case Step::Finished:
+            finishDirection(c, slot, d);
+            return;
+        case Step::Failed:
+            failDirection(c, slot, d, step.on_src, step.error);
+            return;
+        case Step::ToCopy: {
+            stats_.pipe_fallbacks[idx(step.fallback)].add();
+            // Only the splice pump falls back. Its watch on src, if armed, is the copy's now:
+            // one poll per socket.
+            SourceWatch watch = std::get<SplicePump>(c.dir[d].pump).watch();
+            CopyPump& copy = c.dir[d].pump.emplace<CopyPump>(watch);
+            PumpPort p = port(c, slot, d);
+            apply(c, slot, d, copy.start(p, pumps_));
+            return;
+        }
+        case Step::Broken:
+            resetBroken(c, slot, step.on_src ? d : 1 - d);
+            return;
+    }
+}
+
+void Connections::addBytes(Conn& c, int d, uint64_t n) {
+    ListenerStats& s = lstats(c);
+    s.bytes[d][idx(c.dir[d].path())].add(n);
+    c.bytes[d] += n;
+    BackendStats& b = clusterOf(c).backends[c.backend].state->stats[id_];
+    (d == 0 ? b.bytes_upstream : b.bytes_downstream).add(n);
+    c.last_active_ms = now_ms_;
+}
+
+void Connections::finishDirection(Conn& c, uint32_t slot, int d) {
+    c.dir[d].finished = true;
+    if (!c.bothFinished()) {
+        lstats(c).half_closed.add();  // one way done, the other still flowing
+        return;
+    }
+    lstats(c).half_closed.sub();
+    closeConn(c, slot, CloseReason::Done);
+}
+
+void Connections::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) {
+    if (isPeerError(err)) {
+        closeConn(c, slot, resetReason(d, on_src));
+    } else {
+        LOG_WARN("%s: %s on %s socket", listenerConfig(c).name.c_str(), strerror(err),
+                 (on_src ? d : 1 - d) == 0 ? "client" : "upstream");
+        closeConn(c, slot, CloseReason::Error);
+    }
+}
+
+void Connections::retryStarved() {
+    // Swap out first: a retry that is starved again re-enters the list for the next round.
+    pumps_.buffers_freed = false;
+    starved_retry_.clear();
+    starved_retry_.swap(starved_);
+    for (uint64_t packed : starved_retry_) {
+        UserData ud = UserData::unpack(packed);
+        Conn& c = conn(ud.slot);
+        if (c.generation != ud.generation || c.state != ConnState::Relaying) continue;
+        PumpPort p = port(c, ud.slot, ud.dir);
+        apply(c, ud.slot, ud.dir,
+              std::visit([&](auto& pump) { return pump.resume(p, pumps_); }, c.dir[ud.dir].pump));
+    }
+}
+
+void Connections::armSockmapScan() {
+    static constexpr __kernel_timespec kScan = {0, 10000000};
+    io_uring_sqe* sqe = ring_.sqe();
+    io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kScan), 0, 0);
+    io_uring_sqe_set_data64(sqe, UserData{Op::SockmapScan}.pack());
+}
+
+void Connections::onSockmapScan() {
+    // The program never wakes us: passed bytes are found by reading the records, which are
+    // mapped into our memory, so a scan costs no syscall (~2 ns per connection). While passed
+    // bytes wait, their socket's receive window closes: the scan period bounds that stall.
+    if (sockmap_conns_ == 0) return;  // the last one closed: armed again by the next
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state != ConnState::Relaying) continue;
+        for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
+            if (c.dir[d].finished) continue;
+            PumpPort p = port(c, slot, d);
+            apply(c, slot, d,
+                  std::visit([&](auto& pump) { return pump.scan(p, pumps_); }, c.dir[d].pump));
+        }
+        if (int side = 0; c.state == ConnState::Relaying && c.sockmap.any() &&
+                          pairBroken(*sockmap_, c.sockmap, side))
+            resetBroken(c, slot, side);
+    }
+    armSockmapScan();
+}
+
+void Connections::resetBroken(Conn& c, uint32_t slot, int side) {
+    // Never deliver a stream we know is wrong: both peers get an RST instead of a FIN.
+    LOG_ERROR(
+        "%s: the kernel gave the sockmap program a %s stream it cannot relay exactly; "
+        "resetting the connection",
+        listenerConfig(c).name.c_str(), side == 0 ? "client" : "upstream");
+    linger lg{1, 0};
+    for (int fd : c.fd)
+        if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    closeConn(c, slot, CloseReason::Error);
+}
+
+void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
+    if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
+    // Accounting: metrics, the access log, the limits and the backend's count.
+    countClose(c, reason);
+    if (admission_.release(c) && acceptor_.limitPaused()) {
+        // A listener held at max_connections (by any worker) may take one more now.
+        resume_wanted_ = true;
+    }
+    upstream_.release(c);
+    bool relaying = c.state == ConnState::Relaying;
+    enter(c, ConnState::Closing);
+    // The pumps tear down: what the kernel moved is counted, timers and pipes go.
+    if (relaying) {
+        for (int d = 0; d < 2; ++d) {
+            PumpPort p = port(c, slot, d);
+            std::visit(
+                [&](auto& pump) {
+                    if (uint64_t n = pump.kernelBytes(pumps_)) addBytes(c, d, n);
+                    pump.abort(p, pumps_);
+                },
+                c.dir[d].pump);
+        }
+    }
+    if (c.sockmap.any()) closeSockmap(c);
+    if (reason == CloseReason::ClientReset || reason == CloseReason::UpstreamReset) {
+        // Propagate the reset: SO_LINGER {1, 0} makes close() send RST, so the survivor's
+        // peer learns at once that the stream broke instead of seeing a clean FIN.
+        linger lg{1, 0};
+        int survivor = reason == CloseReason::ClientReset ? 1 : 0;
+        if (c.fd[survivor] >= 0)
+            ::setsockopt(c.fd[survivor], SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    for (int& fd : c.fd) {
+        if (fd < 0) continue;
+        // In-flight polls, recvs, sends and the connect: their CQEs still arrive after the
+        // cancel and are counted down in inflight. The cancel reaches each of them because none
+        // runs in an io-wq worker. One that did would block in recvmsg() there, beyond the
+        // cancel's reach, its file reference keeping the socket open: a recv on a sockmap
+        // socket that io_uring's own poll had retried 128 times did exactly that, and the
+        // client never got its RST (130 of 374 runs of
+        // SockmapTest.UpstreamResetMidStreamResetsClientPromptly with RecvWait::Kernel and no
+        // shutdown(SHUT_RD) before the cancel; 0 of 400 with RecvWait::Caller, as now). Sends
+        // are MSG_DONTWAIT for the same reason (pump/copy_pump.cpp).
+        ring_.cancelAndClose(fd);
+        fd = -1;
+    }
+    if (c.inflight == 0) freeConn(c, slot);
+}
+
+void Connections::countClose(Conn& c, CloseReason reason) {
+    if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.sub();
+    if (!c.counted_active) return;
+    ListenerStats& ls = lstats(c);
+    ls.closed[idx(reason)].add();
+    ls.duration.observe(kDurationBuckets, static_cast<uint64_t>(std::max<int64_t>(
+                                              0, monotonicUs() - c.accepted_mono_us)));
+    c.counted_active = false;
+    if (process_.access_log != nullptr) logConnection(c, reason);
+}
+
+void Connections::logConnection(Conn& c, CloseReason reason) {
+    AccessRecord r;
+    r.start_unix_us = c.accepted_us;
+    r.duration_us = static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.accepted_mono_us));
+    r.connect_us = c.connect_us;
+    r.bytes_upstream = c.bytes[0];
+    r.bytes_downstream = c.bytes[1];
+    r.client = clientAddress(c);
+    copyField(r.listener, listenerConfig(c).name);
+    copyField(r.cluster, clusterOf(c).config.name);
+    if (c.backend >= 0) copyField(r.backend, clusterOf(c).backends[c.backend].key);
+    r.reason = reason;
+    r.attempts = c.attempts;
+    if (c.state == ConnState::Relaying) copyField(r.path, label(c.dir[0].path()));
+    process_.access_log->push(id_, r);
+}
+
+void Connections::closeSockmap(Conn& c) {
+    for (int d = 0; d < 2; ++d)
+        if (c.sockmap.linked[d])
+            lstats(c).sockmap_replays.add(
+                loadRelaxed(sockmap_->record(c.sockmap.record + d).replayed));
+    // Out of the maps before close(): see pump/sockmap_kernel.hpp.
+    for (int i = 0; i < 2; ++i)
+        if (c.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
+    tearDownPair(*sockmap_, c.sockmap);
+    --sockmap_conns_;
+}
+
+void Connections::freeConn(Conn& c, uint32_t slot) {
+    for (Direction& dir : c.dir) std::visit([&](auto& pump) { pump.reclaim(pumps_); }, dir.pump);
+    uint32_t generation = c.generation + 1;
+    generations_.release(*c.gen);
+    enter(c, ConnState::Free);
+    c = Conn{};
+    c.generation = generation;
+    c.next_free = free_head_;
+    free_head_ = slot;
+    --live_;
+    // Not resumed from here: freeConn runs inside completion handling, and resuming retries
+    // fd waiters, which can close connections again. The loop resumes after the batch.
+    if (acceptor_.paused()) resume_wanted_ = true;
+}
+
+}  // namespace zcrelay

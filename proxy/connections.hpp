@@ -1,0 +1,128 @@
+#pragma once
+// A worker's connections: the slot table, and the lifecycle that takes each one through the
+// states drawn above ConnState (conn.hpp). Each step hands the connection to its owner and
+// acts on the verdict: the admission for limits (admission.hpp), the PROXY header in
+// (proxy_reader.hpp), the upstream side for the backend and the connect (upstream.hpp), a pump
+// per direction for the bytes (pump/). Closing is the one path out: release the accounting,
+// let the pumps tear down, close the sockets; the slot is reused once every SQE issued for it
+// has completed.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "acceptor.hpp"
+#include "admission.hpp"
+#include "conn.hpp"
+#include "generation.hpp"
+#include "process_shared.hpp"
+#include "proxy_reader.hpp"
+#include "pump/pump.hpp"
+#include "sockmap.hpp"
+#include "stats.hpp"
+#include "upstream.hpp"
+#include "uring/ring.hpp"
+#include "uring/user_data.hpp"
+
+struct io_uring_cqe;
+
+namespace zcrelay {
+
+class Connections {
+  public:
+    // `now_ms`: the worker's clock, read for every timestamp. `max_conns`: the worker's share of
+    // the fd budget, in connections. `sockmap` (may be null) holds records
+    // [sockmap_base, sockmap_base + 2 * max_conns) for them: two per slot.
+    Connections(unsigned worker, Ring& ring, ProcessShared& process, WorkerStats& stats,
+                PumpEnv& pumps, Acceptor& acceptor, Generations& generations, const int64_t& now_ms,
+                uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base);
+
+    // Slots not Free (Closing ones included).
+    uint32_t live() const { return live_; }
+    // Whether listener `listener` of the current generation is below its max_connections (and
+    // the process below its own): accepts are armed only then.
+    bool belowLimits(int32_t listener) const {
+        const Runtime& rt = generations_.rt();
+        return admission_.belowLimits(rt, rt.listeners[listener]);
+    }
+    // A client accepted on listener `listener` of the current generation; false when the slot
+    // space is exhausted (the caller closes it).
+    bool accept(int fd, int32_t listener);
+    // A completion of an SQE issued for a connection.
+    void onCompletion(UserData ud, const io_uring_cqe* cqe);
+    // Idle timeouts, the PROXY header timeout, the drain deadline (`drain_deadline`: close
+    // everything), and pipes that stayed idle through a tick of `tick_ms`.
+    void sweep(bool drain_deadline, int64_t tick_ms);
+    // The sockmap's timer: passed bytes waiting for user space, streams the program gave up on.
+    void onSockmapScan();
+    // Copy directions that found no free buffer, once some came back.
+    void retryStarved();
+    // Drain: the connections held at max_connections were never served; they go now.
+    void closeQueued();
+    // A connection ended while accepting was stopped (at a limit or out of fds).
+    bool resumeWanted() const { return resume_wanted_; }
+    // Serves what waited for room (fd waiters, then the admit queue, if not `draining`);
+    // true when accepting may go on.
+    bool resume(bool draining);
+
+  private:
+    static constexpr uint32_t kChunk = 256;
+
+    // A free slot (Free); UINT32_MAX when the slot space is exhausted.
+    uint32_t allocConn();
+    Conn& conn(uint32_t slot) { return chunks_[slot / kChunk][slot % kChunk]; }
+    ListenerStats& lstats(const Conn& c) { return listenerStats(c, id_); }
+    // An admitted connection's next step: its PROXY header, or its backend.
+    void serve(Conn& c, uint32_t slot);
+    void onProxyRead(Conn& c, uint32_t slot, int res);
+    void proxyFailed(Conn& c, uint32_t slot, ProxyFailure why);
+    // The client is known (and, per source, admitted): to the upstream side.
+    void startConnect(Conn& c, uint32_t slot);
+    void connect(Conn& c, uint32_t slot);
+    void onConnectStep(Conn& c, uint32_t slot, ConnectStep step);
+    void retryFdWaiters();
+    // Connected: the PROXY header out, then a pump per direction.
+    void startRelaying(Conn& c, uint32_t slot);
+    // The paths the listener's mode asks for, once the sockmap had its say.
+    void choosePaths(Conn& c, uint32_t slot);
+    PumpPort port(Conn& c, uint32_t slot, int d);
+    void onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags);
+    // A pump's verdict: bytes, finish, failure, fallback.
+    void apply(Conn& c, uint32_t slot, int d, Step step);
+    void addBytes(Conn& c, int d, uint64_t n);
+    void finishDirection(Conn& c, uint32_t slot, int d);
+    void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
+    void armSockmapScan();
+    // The program found c's stream beyond repair: both peers get an RST instead of a FIN.
+    void resetBroken(Conn& c, uint32_t slot, int side);
+    // Release accounting, let the pumps tear down, close the sockets.
+    void closeConn(Conn& c, uint32_t slot, CloseReason reason);
+    void countClose(Conn& c, CloseReason reason);
+    void logConnection(Conn& c, CloseReason reason);
+    void closeSockmap(Conn& c);
+    void freeConn(Conn& c, uint32_t slot);
+
+    const unsigned id_;
+    Ring& ring_;
+    ProcessShared& process_;
+    WorkerStats& stats_;
+    PumpEnv& pumps_;
+    Acceptor& acceptor_;
+    Generations& generations_;
+    const int64_t& now_ms_;
+    const uint32_t max_conns_;
+    Sockmap* const sockmap_;
+    const uint32_t sockmap_base_;
+    Admission admission_;
+    UpstreamSide upstream_;
+    ProxyReader proxy_reader_;
+    std::vector<std::unique_ptr<Conn[]>> chunks_;
+    uint32_t free_head_ = UINT32_MAX;
+    uint32_t slots_used_ = 0;  // high-water mark of slots ever handed out
+    uint32_t live_ = 0;
+    std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
+    std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
+    uint32_t sockmap_conns_ = 0;           // connections with records; the scan runs while > 0
+    bool resume_wanted_ = false;
+};
+
+}  // namespace zcrelay

@@ -1,0 +1,116 @@
+#pragma once
+// What the three data paths share: how a pump is driven and what it answers.
+//
+// A pump owns one direction of one connection on one path (splice_pump.hpp, copy_pump.hpp,
+// sockmap_pump.hpp): its waits, its pipe or buffers, its kernel bookkeeping. The connection's
+// lifecycle (the worker) hands it the completions of the SQEs it issued and gets back a Step:
+// bytes moved, and what happens to the direction. A pump never closes its connection, never
+// counts the connection's lifecycle and never looks at the other direction; what it needs to
+// know about the sockets it is told in its PumpPort.
+//
+// Every pump answers the same calls, so the worker drives them all alike (std::visit):
+//   Step start(port, env)                         the connection is relaying: arm the first wait
+//   Step onCompletion(port, env, op, res, flags)  a CQE of an SQE it issued
+//   Step resume(port, env)                        after Step::starved: buffers came back
+//   Step scan(port, env)                          the worker's 10 ms look at the sockmap records
+//   uint64_t kernelBytes(env)                     bytes the kernel moved without it, since last asked
+//   void quiet(env)                               a tick with no bytes: give back what idles
+//   void abort(port, env)                         the connection closes: release, cancel timers
+//   void reclaim(env)                             the slot is freed, nothing in flight: buffers back
+#include <liburing.h>
+
+#include <cstdint>
+
+#include "reasons.hpp"
+#include "stats.hpp"
+#include "uring/ring.hpp"
+#include "uring/user_data.hpp"
+
+namespace zcrelay {
+
+class BufRing;
+class PipePool;
+class Sockmap;
+
+// A pump's verdict after it started or handled a completion.
+struct Step {
+    enum Kind : uint8_t {
+        Wait,      // something is armed (or, copy, the direction waits for a free buffer)
+        Finished,  // src's FIN was passed on: dst is shut down for writing
+        Failed,    // a socket error: on_src says which socket, error the errno
+        ToCopy,    // splice: no pipe can be had; the direction moves by copy from now on
+        Broken,    // sockmap: the kernel gave the program a stream it cannot relay exactly;
+                   // on_src says which socket's. Both peers must be reset.
+    };
+    Kind kind = Wait;
+    bool on_src = false;
+    bool active = false;   // progress without bytes of its own (the idle timeout counts it)
+    bool starved = false;  // copy: no buffer was free; resume() once some came back
+    int error = 0;
+    PipeFallback fallback = PipeFallback::PoolExhausted;  // ToCopy: why
+    uint64_t moved = 0;  // bytes this step put on dst (or, sockmap, saw the kernel move)
+
+    static Step failed(bool on_src, int error) {
+        Step s;
+        s.fail(on_src, error);
+        return s;
+    }
+    // Keeps what the step moved before it failed: those bytes did reach dst.
+    void fail(bool src, int err) {
+        kind = Failed;
+        on_src = src;
+        error = err;
+    }
+};
+
+// The direction a pump works on, as its connection lends it for one call: the two sockets,
+// what is known about them, and SQEs tagged for this connection and direction. Every SQE it
+// hands out is counted in the connection's inflight, so the slot is not reused before its CQE
+// has come back.
+struct PumpPort {
+    Ring& ring;
+    uint64_t tag;  // UserData of the connection and direction, op left 0
+    uint32_t& inflight;
+    uint8_t dir;  // 0: client -> upstream, 1: upstream -> client
+    int src;
+    int dst;
+    bool src_write_shut;    // the other direction finished: src's writing side is shut down
+    uint32_t pipe_size;     // the listener's pipe_size (splice grows a busy pipe to it)
+    ListenerStats& counts;  // the counters of the listener the connection came in on
+
+    io_uring_sqe* sqe(Op op) const {
+        io_uring_sqe* s = ring.sqe();
+        io_uring_sqe_set_data64(s, tag | static_cast<uint64_t>(op));
+        ++inflight;
+        return s;
+    }
+};
+
+// What a worker's pumps share: its buffer ring, its pipes, its sockmap and its counters.
+struct PumpEnv {
+    BufRing& bufs;
+    PipePool& pipes;
+    Sockmap* sockmap;  // null when the program is not loaded
+    WorkerStats& stats;
+    bool buffers_freed = false;  // a buffer went back to the ring: starved directions may go on
+};
+
+// A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data
+// (no wake-up per segment), only on FIN; POLLERR and POLLHUP are always reported, so an RST
+// on a source nobody reads is noticed at once.
+struct SourceWatch {
+    bool armed = false;
+    bool hup = false;  // src's FIN was seen; the bytes before it are still to be read
+
+    // Not once the FIN was seen: the condition is level-triggered and would fire at once,
+    // every time.
+    void arm(const PumpPort& p, bool eof);
+    // Errors only (POLLERR | POLLHUP), for a source that is done but still written to.
+    void armErrors(const PumpPort& p);
+};
+
+// The errno a POLLERR on `fd` stands for (SO_ERROR, which it reads and clears), ECONNRESET if
+// the socket reports none.
+int pendingError(int fd);
+
+}  // namespace zcrelay

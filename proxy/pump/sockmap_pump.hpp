@@ -1,0 +1,94 @@
+#pragma once
+// The in-kernel data path, one direction of it: the kernel redirects src's bytes to dst while
+// this watches for what is left to user space (the kernel side, and why each step is needed,
+// is in sockmap_kernel.hpp).
+//
+//   Redirecting ─passed bytes─▶ CatchingUp ─dst queued all redirected─▶ Copying ─caught up─┐
+//        ▲  │                                                              │              │
+//        │  └─FIN (POLLRDHUP), confirmed by a peek──▶ Ending ◀──FIN read──┘              │
+//        └─────────────────────────────────────────────┼───────────────────────────────────┘
+//                                                      └─dst queued every byte─▶ Finished
+//
+//   Redirecting  the program moves the bytes; a watch on src waits for its FIN (or an RST).
+//   CatchingUp   the program passed bytes to user space and stopped redirecting: they may go
+//                only once dst has queued everything redirected before them (a barrier,
+//                looked at on a backing-off timer).
+//   Copying      the passed bytes move by copy (a CopyPump, reading with MSG_DONTWAIT and only
+//                while the program's count says bytes are there); once all are consumed the
+//                program redirects again on its own.
+//   Ending       src's stream ended: the FIN waits until dst has queued every byte src
+//                received (the psock's backlog drains in the kernel, unseen).
+//   Finished     dst was shut down for writing; src is still watched for an RST, since it is
+//                the other direction's destination, written by the kernel alone.
+#include <cstdint>
+
+#include "pump/copy_pump.hpp"
+#include "pump/pump.hpp"
+#include "pump/sockmap_kernel.hpp"
+
+namespace zcrelay {
+
+class SockmapPump {
+  public:
+    // `pair_record`: the record of the connection's client socket (SockmapPair::record);
+    // `dir`: which socket is src. `src_skipped`: bytes read from src outside the data path (a
+    // PROXY header taken), `dst_extra`: bytes written to dst outside it (a PROXY header sent),
+    // both part of the kernel's counts the barriers compare.
+    SockmapPump(uint32_t pair_record, uint8_t dir, uint32_t src_skipped, uint32_t dst_extra)
+        : pair_record_(pair_record), dir_(dir), src_skipped_(src_skipped), dst_extra_(dst_extra) {}
+
+    Step start(const PumpPort& p, PumpEnv& env);
+    // Watch, Barrier, and the copy's Recv, Send and PollOut completions.
+    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags);
+    // The worker's periodic look at the records: passed bytes waiting for user space?
+    Step scan(const PumpPort& p, PumpEnv& env);
+    // After Step::starved: buffers came back to the ring.
+    Step resume(const PumpPort& p, PumpEnv& env);
+    // Bytes the kernel redirected since the last look (they count as the path's bytes).
+    uint64_t kernelBytes(PumpEnv& env) { return fold(*env.sockmap); }
+    void quiet(PumpEnv&) {}
+    // The connection closes: a barrier timer holds no file, so the socket cancels miss it.
+    void abort(const PumpPort& p, PumpEnv& env);
+    // The slot is freed: the copy's queued buffers go back to the ring.
+    void reclaim(PumpEnv& env) { copy_.reclaim(env); }
+
+    // Cuts what the program marked as seen before (relay.bpf.c) out of `len` passed bytes just
+    // received into `data`; returns how many are left.
+    uint32_t dropReplayed(Sockmap& map, ListenerStats& counts, char* data, uint32_t len);
+
+  private:
+    enum class Phase : uint8_t { Redirecting, CatchingUp, Copying, Ending, Finished };
+
+    uint32_t record() const { return pair_record_ + dir_; }
+    uint64_t fold(Sockmap& map);
+    bool hasPassed(Sockmap& map) const;
+    bool eofSeen() const { return phase_ >= Phase::Ending || copy_.eof(); }
+    // Back to the kernel path: watch for the FIN, unless passed bytes or the FIN wait.
+    void redirect(const PumpPort& p, PumpEnv& env, Step& out);
+    void onWatch(const PumpPort& p, PumpEnv& env, int res, Step& out);
+    void checkEnd(const PumpPort& p, PumpEnv& env, Step& out);
+    void startCatchUp(const PumpPort& p, PumpEnv& env, Step& out);
+    void catchUp(const PumpPort& p, PumpEnv& env, Step& out);
+    void advanceCopy(const PumpPort& p, PumpEnv& env, Step& out);
+    void finBarrier(const PumpPort& p, PumpEnv& env, Step& out);
+    // True if the barrier `b` is passed; otherwise it waits (timer) or failed (out).
+    bool barrierDone(const PumpPort& p, const SockmapBarrier& b, Step& out);
+    // A timer for the next look; `back_off`: wait longer than last time (nothing moved).
+    void armBarrier(const PumpPort& p, bool back_off);
+
+    CopyPump copy_;  // the passed bytes; its watch on src is the direction's only watch
+    uint32_t pair_record_;
+    uint8_t dir_;
+    Phase phase_ = Phase::Redirecting;
+    bool barrier_armed_ = false;  // a timer to look at a barrier (or the EOF) again
+    uint8_t barrier_step_ = 0;    // how many times it waited in a row (the back-off)
+    uint32_t src_skipped_;
+    uint32_t dst_extra_;
+    uint64_t seen_ = 0;          // record.redirected already folded into the byte counts
+    uint64_t taken_ = 0;         // passed bytes received by user space
+    uint64_t consumed_ = 0;      // of those, bytes sent to dst or skipped (mirrored in the record)
+    uint64_t copied_ = 0;        // of those, bytes sent to dst
+    uint64_t barrier_left_ = 0;  // bytes the barrier still waited for last time
+};
+
+}  // namespace zcrelay
