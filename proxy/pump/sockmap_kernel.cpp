@@ -99,7 +99,7 @@ void tearDownPair(Sockmap& map, SockmapPair& c) {
 
 bool pairBroken(Sockmap& map, const SockmapPair& pair, int& side) {
     for (int i = 0; i < 2; ++i) {
-        if (pair.linked[i] && (loadRelaxed(map.record(pair.record + i).flags) & ZCR_BROKEN)) {
+        if (pair.linked[i] && recordBroken(map, pair.record + i)) {
             side = i;
             return true;
         }

@@ -65,8 +65,12 @@ PairSetUp setUpPair(Sockmap& map, SockmapPair& pair, const int (&fd)[2], uint32_
 // Takes the pair's sockets out of the maps. Idempotent.
 void tearDownPair(Sockmap& map, SockmapPair& pair);
 
-// Whether the program marked a linked socket's stream beyond repair (ZCR_BROKEN); `side` gets
-// which socket's (0 client, 1 upstream).
+// Whether the program marked the stream of the socket with record `index` beyond repair
+// (ZCR_BROKEN).
+inline bool recordBroken(Sockmap& map, uint32_t index) {
+    return (loadRelaxed(map.record(index).flags) & ZCR_BROKEN) != 0;
+}
+// The same for a pair's linked sockets; `side` gets which socket's (0 client, 1 upstream).
 bool pairBroken(Sockmap& map, const SockmapPair& pair, int& side);
 
 struct SockmapEof {

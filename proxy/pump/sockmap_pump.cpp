@@ -203,10 +203,9 @@ void SockmapPump::advanceCopy(const PumpPort& p, PumpEnv& env, Step& out) {
 }
 
 void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
-    SockmapPair pair;
-    pair.record = pair_record_;
-    pair.linked[0] = pair.linked[1] = true;  // a Sockmap direction has both sockets linked
-    if (int side = 0; pairBroken(*env.sockmap, pair, side)) {
+    // A Sockmap direction has both sockets linked: either stream broken stops the FIN.
+    for (uint8_t side = 0; side < 2; ++side) {
+        if (!recordBroken(*env.sockmap, pair_record_ + side)) continue;
         out.kind = Step::Broken;
         out.on_src = side == dir_;
         return;

@@ -48,11 +48,16 @@ void SplicePump::abort(const PumpPort&, PumpEnv& env) {
 }
 
 Step SplicePump::start(const PumpPort& p, PumpEnv&) {
+    armPollIn(p);
+    return {};
+}
+
+void SplicePump::armPollIn(const PumpPort& p) {
+    if (poll_in_) return;
     // One-shot poll: a level-triggered check at arm time, so data that arrived while no poll
     // was armed is seen at once, and no stream of wake-ups while we are busy elsewhere.
     io_uring_prep_poll_add(p.sqe(Op::PollIn), p.src, POLLIN | POLLRDHUP);
     poll_in_ = true;
-    return {};
 }
 
 Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t /*flags*/) {
@@ -84,10 +89,7 @@ Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
     switch (step.kind) {
         case SpliceStep::WaitRead:
             env.stats.splice_eagain[p.dir][0].add();
-            if (!poll_in_) {
-                io_uring_prep_poll_add(p.sqe(Op::PollIn), p.src, POLLIN | POLLRDHUP);
-                poll_in_ = true;
-            }
+            armPollIn(p);
             break;
         case SpliceStep::WaitWrite:
             env.stats.splice_eagain[p.dir][1].add();

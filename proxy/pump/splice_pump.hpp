@@ -62,6 +62,7 @@ class SplicePump {
 
   private:
     Step pump(const PumpPort& p, PumpEnv& env);
+    void armPollIn(const PumpPort& p);
 
     Pipe pipe_;              // held only while bytes are moving (and through short pauses)
     uint32_t in_pipe_ = 0;   // bytes read into the pipe and not yet written out
