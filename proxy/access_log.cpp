@@ -222,6 +222,12 @@ void formatAccessRecord(const AccessRecord& r, AccessLogFormat f, std::string& o
         appendJsonString(out, reasonLabel(r.reason));
         out += ",\"path\":";
         appendJsonString(out, fieldView(r.path));
+        out += ",\"route\":";
+        appendJsonString(out, fieldView(r.route));
+        out += ",\"sni\":";
+        appendJsonString(out, fieldView(r.sni));
+        out += ",\"alpn\":";
+        appendJsonString(out, fieldView(r.alpn));
         out += "}\n";
         return;
     }
@@ -253,6 +259,12 @@ void formatAccessRecord(const AccessRecord& r, AccessLogFormat f, std::string& o
     appendTextField(out, reasonLabel(r.reason));
     out += ' ';
     appendTextField(out, fieldView(r.path));
+    out += " route=";
+    appendTextField(out, fieldView(r.route));
+    out += " sni=";
+    appendTextField(out, fieldView(r.sni));
+    out += " alpn=";
+    appendTextField(out, fieldView(r.alpn));
     out += '\n';
 }
 

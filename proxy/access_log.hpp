@@ -17,16 +17,18 @@
 // JSON lines (AccessLogFormat::Json):
 //   {"time":"2026-11-22T18:06:19.123456Z","listener":"web","client":"127.0.0.1:50000",
 //    "cluster":"app","backend":"127.0.0.1:9001","attempts":1,"connect_ms":0.123,
-//    "duration_ms":12.345,"bytes_up":123,"bytes_down":456,"termination":"done","path":"splice"}
+//    "duration_ms":12.345,"bytes_up":123,"bytes_down":456,"termination":"done","path":"splice",
+//    "route":"api","sni":"api.example.com","alpn":"h2,http/1.1"}
 //   (one line; wrapped here.) Strings are JSON-escaped: '"', '\\' and control characters are
 //   escaped, bytes that are not valid UTF-8 become U+FFFD so every line parses. connect_ms is
 //   null when the upstream never connected; "backend" is "" when none was chosen.
 //
 // Text (AccessLogFormat::Text), space separated:
 //   2026-11-22T18:06:19.123456Z web 127.0.0.1:50000 app/127.0.0.1:9001 attempts=1
-//   connect_ms=0.123 duration_ms=12.345 up=123 down=456 done splice
-//   (one line; wrapped here.) "-" stands for an empty backend, client or path and a missing
-//   connect time. Control characters, spaces and '\\' inside a field are written \xNN so a field
+//   connect_ms=0.123 duration_ms=12.345 up=123 down=456 done splice route=api
+//   sni=api.example.com alpn=h2,http/1.1
+//   (one line; wrapped here.) "-" stands for an empty backend, client, path, route, sni or alpn
+//   and a missing connect time. Control characters, spaces and '\\' inside a field are written \xNN so a field
 //   cannot split into two or forge a second line.
 //
 // bytes_up counts client -> backend, bytes_down backend -> client. "termination" is the
@@ -67,6 +69,10 @@ struct AccessRecord {
     CloseReason reason = CloseReason::Done;
     uint8_t attempts = 0;  // connect attempts made (retries + 1)
     char path[8] = {};     // data path: "splice", "copy", "sockmap"
+    // routes: the route taken, and what the client's ClientHello said ("" when not inspected).
+    char route[48] = {};
+    char sni[256] = {};
+    char alpn[64] = {};  // offered protocols, comma-joined, cut after a whole one
 };
 static_assert(std::is_trivially_copyable_v<AccessRecord>);
 
@@ -91,7 +97,7 @@ void formatAccessRecord(const AccessRecord& r, AccessLogFormat f, std::string& o
 
 class AccessLog {
   public:
-    // 4096 records of ~400 bytes: 1.6 MB per worker, and at one drain per kFlushInterval a
+    // 4096 records of ~770 bytes: 3.2 MB per worker, and at one drain per kFlushInterval a
     // worker can finish ~80k connections a second before it drops a line.
     static constexpr unsigned kDefaultCapacity = 4096;
     static constexpr std::chrono::milliseconds kFlushInterval{50};

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
@@ -370,6 +371,20 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .kind = Kind::OptionalAddress,
      .member = &ListenerConfig::upstream,
      .help = "shorthand for a cluster of one backend: where each client's bytes go"},
+    {.name = "inspect_timeout",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::inspect_timeout,
+     .fallback = "5s",
+     .min = ms(1ms),
+     .max = ms(10min),
+     .help = "with routes: how long a client's TLS ClientHello may take to arrive complete"},
+    {.name = "inspect_max_size",
+     .kind = Kind::Size,
+     .member = &ListenerConfig::inspect_max_size,
+     .fallback = "16KiB",
+     .min = kKiB,
+     .max = 64 * kKiB,
+     .help = "with routes: the most bytes a ClientHello may take (its records included)"},
     {.name = "accept_proxy",
      .kind = Kind::Bool,
      .member = &ListenerConfig::accept_proxy,
@@ -429,6 +444,34 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .fallback = "300s",
      .max = ms(720h),
      .help = "close a connection after this long without a byte either way; 0 = never"},
+    {.name = "client_fin_timeout",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::client_fin_timeout,
+     .fallback = "0",
+     .max = ms(720h),
+     .help = "once the backend's FIN was passed to the client: how long without a byte before "
+             "closing; 0 = idle_timeout only"},
+    {.name = "server_fin_timeout",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::server_fin_timeout,
+     .fallback = "0",
+     .max = ms(720h),
+     .help = "once the client's FIN was passed to the backend: how long without a byte before "
+             "closing; 0 = idle_timeout only"},
+    {.name = "max_connection_duration",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::max_connection_duration,
+     .fallback = "0",
+     .max = ms(720h),
+     .help = "end older connections gracefully (stop reading, deliver what was read, FIN "
+             "both ways); 0 = no limit"},
+    {.name = "max_connection_duration_jitter",
+     .kind = Kind::Duration,
+     .member = &ListenerConfig::max_connection_duration_jitter,
+     .fallback = "0",
+     .max = ms(720h),
+     .help = "with max_connection_duration: up to this much more, fixed per connection, so "
+             "clients do not all reconnect at once"},
     {.name = "tcp_nodelay",
      .kind = Kind::Bool,
      .member = &ListenerConfig::tcp_nodelay,
@@ -444,6 +487,23 @@ const Key<ListenerConfig> kListenerKeys[] = {
              "before it reports full, so the relay, not the peer's ACKs, sends the rest; "
              "0 = unset"},
 };
+
+const Key<RouteConfig> kRouteKeys[] = {
+    {.name = "name",
+     .kind = Kind::Name,
+     .member = &RouteConfig::name,
+     .help = "unique in the listener; the `route` label of its metrics; unset: the cluster's "
+             "name"},
+    {.name = "cluster",
+     .kind = Kind::Name,
+     .member = &RouteConfig::cluster,
+     .required = true,
+     .help = "required: the cluster that gets the clients this route matches"},
+};
+
+// A listener has at most this many routes: each has a counter per worker.
+constexpr size_t kMaxRoutes = 64;
+constexpr size_t kMaxRouteNames = 1024;  // sni or alpn entries of one route
 
 template <class T>
 std::string rangeText(const Key<T>& key) {
@@ -745,6 +805,110 @@ void parseClusters(std::string_view source, const YAML::Node& list, Config& conf
     }
 }
 
+// A server name as a route matches it: lowercase, without the trailing dot of a fully
+// qualified name; "*." may stand for the first label. Anything else is refused here, where the
+// operator sees it, rather than never matching.
+std::string serverNamePattern(const Where& at, std::string_view text) {
+    std::string name(text);
+    if (!name.empty() && name.back() == '.') name.pop_back();
+    std::transform(name.begin(), name.end(), name.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    std::string_view rest = name;
+    if (rest.starts_with("*.")) rest.remove_prefix(2);
+    bool valid = !rest.empty() && name.size() <= 253;
+    for (size_t start = 0; valid && start <= rest.size();) {
+        size_t end = std::min(rest.find('.', start), rest.size());
+        std::string_view label = rest.substr(start, end - start);
+        valid = !label.empty() && label.size() <= 63 &&
+                std::all_of(label.begin(), label.end(), [](char c) {
+                    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+                           c == '_';
+                });
+        start = end + 1;
+    }
+    if (!valid) {
+        fail(at, quoted(text) +
+                     " is not a server name; expected DNS labels such as api.example.com, or "
+                     "*.example.com for any one label in front");
+    }
+    return name;
+}
+
+// `sni` or `alpn`: one string or a sequence of them.
+std::vector<std::string> parseNames(std::string_view source, const YAML::Node& node,
+                                    const std::string& path, bool server_names) {
+    std::vector<YAML::Node> items;
+    if (node.IsScalar()) {
+        items.push_back(node);
+    } else if (node.IsSequence() && node.size() > 0) {
+        for (size_t i = 0; i < node.size(); ++i) items.push_back(node[i]);
+    } else {
+        fail(whereOf(source, node, path),
+             "expected a name or a non-empty sequence of names, got " + typeName(node));
+    }
+    if (items.size() > kMaxRouteNames)
+        fail(whereOf(source, node, path),
+             "more than " + std::to_string(kMaxRouteNames) + " names in one route");
+    std::vector<std::string> names;
+    for (size_t i = 0; i < items.size(); ++i) {
+        const Where at = whereOf(source, items[i], path + "[" + std::to_string(i) + "]");
+        if (!items[i].IsScalar()) fail(at, "expected a name, got " + typeName(items[i]));
+        const std::string& text = items[i].Scalar();
+        std::string name;
+        if (server_names) {
+            name = serverNamePattern(at, text);
+        } else {
+            // RFC 7301 3.1: a protocol name is 1 to 255 bytes, compared exactly.
+            if (text.empty() || text.size() > 255)
+                fail(at, quoted(text) + " is not an ALPN protocol name (1 to 255 bytes)");
+            name = text;
+        }
+        if (std::find(names.begin(), names.end(), name) != names.end())
+            fail(at, quoted(text) + " is listed twice");
+        names.push_back(std::move(name));
+    }
+    return names;
+}
+
+void parseRoutes(std::string_view source, const YAML::Node& list, const std::string& path,
+                 const Config& config, ListenerConfig& listener) {
+    const auto items = sequenceOfMaps(source, list, path, "route");
+    if (items.size() > kMaxRoutes)
+        fail(whereOf(source, list, path),
+             "more than " + std::to_string(kMaxRoutes) + " routes in one listener");
+    for (size_t i = 0; i < items.size(); ++i) {
+        const YAML::Node& node = items[i];
+        const std::string rpath = path + "[" + std::to_string(i) + "]";
+        RouteConfig route;
+        const auto nested =
+            parseMap<RouteConfig>(source, node, rpath + ".", kRouteKeys, route, {"sni", "alpn"});
+        if (const auto sni = nested.find("sni"); sni != nested.end())
+            route.sni = parseNames(source, sni->second, rpath + ".sni", true);
+        if (const auto alpn = nested.find("alpn"); alpn != nested.end())
+            route.alpn = parseNames(source, alpn->second, rpath + ".alpn", false);
+        if (std::none_of(config.clusters.begin(), config.clusters.end(),
+                         [&](const ClusterConfig& c) { return c.name == route.cluster; })) {
+            fail(whereOfKey(source, node, "cluster", rpath + ".cluster"),
+                 "no cluster named " + quoted(route.cluster));
+        }
+        if (route.name.empty()) route.name = route.cluster;
+        for (size_t j = 0; j < listener.routes.size(); ++j) {
+            if (listener.routes[j].name == route.name) {
+                fail(whereOfKey(source, node, node["name"] ? "name" : "cluster", rpath + ".name"),
+                     "route name " + quoted(route.name) + " is already " + path + "[" +
+                         std::to_string(j) + "]'s; routes to one cluster need a `name` each");
+            }
+            // A route after an unconditional one could never be taken.
+            if (!listener.routes[j].conditional()) {
+                fail(whereOf(source, node, rpath),
+                     "unreachable: " + path + "[" + std::to_string(j) +
+                         "] has no condition and takes every client first");
+            }
+        }
+        listener.routes.push_back(std::move(route));
+    }
+}
+
 void parseListeners(std::string_view source, const YAML::Node& list, Config& config) {
     const auto items = sequenceOfMaps(source, list, "listeners", "listener");
     for (size_t i = 0; i < items.size(); ++i) {
@@ -752,18 +916,21 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
         const std::string path = "listeners[" + std::to_string(i) + "]";
         ListenerConfig listener;
         const auto nested = parseMap<ListenerConfig>(source, node, path + ".", kListenerKeys,
-                                                     listener, {"tcp_keepalive"});
+                                                     listener, {"tcp_keepalive", "routes"});
         parseNestedMap<KeepaliveConfig>(source, nested, "tcp_keepalive", path + ".tcp_keepalive",
                                         kKeepaliveKeys, listener.tcp_keepalive);
         if (listener.name.empty()) listener.name = "listener" + std::to_string(i);
         checkTcpAddress(source, node, "listen", path, listener.listen);
         const bool has_upstream = listener.upstream.length != 0;
-        if (has_upstream == !listener.cluster.empty()) {
+        if (const auto routes = nested.find("routes"); routes != nested.end())
+            parseRoutes(source, routes->second, path + ".routes", config, listener);
+        if (has_upstream && !listener.cluster.empty())
+            fail(whereOf(source, node, path), "set `cluster` or `upstream`, not both");
+        if (!has_upstream && listener.cluster.empty() && listener.routes.empty()) {
             fail(whereOf(source, node, path),
-                 has_upstream ? "set `cluster` or `upstream`, not both"
-                              : "missing `cluster` (or `upstream`, a one-backend cluster)");
+                 "missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)");
         }
-        if (!has_upstream) {
+        if (!listener.cluster.empty()) {
             const auto it =
                 std::find_if(config.clusters.begin(), config.clusters.end(),
                              [&](const ClusterConfig& c) { return c.name == listener.cluster; });
@@ -771,7 +938,7 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
                 fail(whereOfKey(source, node, "cluster", path + ".cluster"),
                      "no cluster named " + quoted(listener.cluster));
             }
-        } else {
+        } else if (has_upstream) {
             // The shorthand's cluster carries the listener's name: it must not shadow one.
             for (size_t j = 0; j < config.clusters.size(); ++j) {
                 if (config.clusters[j].name == listener.name) {
@@ -780,6 +947,20 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
                          "clusters[" +
                              std::to_string(j) + "] " + quoted(listener.name) +
                              "; name the listener otherwise or use `cluster`");
+                }
+            }
+        }
+        const std::string default_cluster = has_upstream ? listener.name : listener.cluster;
+        if (!default_cluster.empty() &&
+            std::all_of(listener.routes.begin(), listener.routes.end(),
+                        [](const RouteConfig& r) { return r.conditional(); })) {
+            // The listener's cluster becomes the last route, named after the cluster.
+            for (size_t r = 0; r < listener.routes.size(); ++r) {
+                if (listener.routes[r].name == default_cluster) {
+                    fail(whereOf(source, node, path + ".routes[" + std::to_string(r) + "]"),
+                         "route name " + quoted(default_cluster) +
+                             " is also the name of the default route (the listener's cluster); "
+                             "give this route a `name`");
                 }
             }
         }
@@ -1037,10 +1218,10 @@ std::string renderValue(const T& target, const Key<T>& key) {
 template <class T>
 void renderKeys(std::string& out, const T& target, std::span<const Key<T>> keys, bool with_help,
                 std::string_view indent, std::string_view first_indent,
-                std::string_view skip = {}) {
+                std::string_view skip = {}, std::string_view skip_too = {}) {
     for (size_t i = 0; i < keys.size(); ++i) {
         const Key<T>& key = keys[i];
-        if (key.name == skip) continue;
+        if (key.name == skip || key.name == skip_too) continue;
         const std::string_view line_indent = i == 0 ? first_indent : indent;
         const std::string value = renderValue(target, key);
         if (with_help) {
@@ -1069,6 +1250,20 @@ void renderCluster(std::string& out, const ClusterConfig& c, bool with_help) {
     out += "    backends:\n";
     for (const BackendConfig& b : c.backends)
         renderKeys<BackendConfig>(out, b, kBackendKeys, with_help, "        ", "      - ");
+}
+
+void renderNames(std::string& out, const char* key, const std::vector<std::string>& names) {
+    if (names.empty()) return;
+    out += std::string("        ") + key + ": [";
+    for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + yamlQuoted(names[i]);
+    out += "]\n";
+}
+
+void renderRoute(std::string& out, const RouteConfig& r) {
+    out += "      - name: " + yamlQuoted(r.name) + "\n";
+    renderNames(out, "sni", r.sni);
+    renderNames(out, "alpn", r.alpn);
+    out += "        cluster: " + yamlQuoted(r.cluster) + "\n";
 }
 
 std::string render(const Config& config, bool with_help) {
@@ -1101,12 +1296,26 @@ std::string render(const Config& config, bool with_help) {
     }
     out += "listeners:\n";
     for (const ListenerConfig& listener : config.listeners) {
-        // A listener routes by `cluster` or by `upstream`: the other key is left out.
+        // A listener routes by `cluster` or by `upstream` (or by `routes` alone): the other key
+        // is left out.
+        const bool no_default = listener.cluster.empty() && listener.upstream.length == 0;
         renderKeys<ListenerConfig>(out, listener, kListenerKeys, with_help, "    ", "  - ",
-                                   listener.cluster.empty() ? "cluster" : "upstream");
+                                   listener.cluster.empty() ? "cluster" : "upstream",
+                                   no_default ? "upstream" : "");
         out += "    tcp_keepalive:\n";
         renderKeys<KeepaliveConfig>(out, listener.tcp_keepalive, kKeepaliveKeys, with_help,
                                     "      ", "      ");
+        if (!listener.routes.empty()) {
+            out += "    routes:\n";
+            for (const RouteConfig& r : listener.routes) renderRoute(out, r);
+        } else if (with_help) {
+            out += "    # routes: route by the client's TLS ClientHello instead of one cluster; "
+                   "the first match wins\n"
+                   "    #   - {sni: [api.example.com], cluster: api}\n"
+                   "    #   - {name: apps, sni: [\"*.apps.example.com\"], alpn: [h2, "
+                   "http/1.1], cluster: apps}\n"
+                   "    #   - {cluster: fallback}   # no condition: the default route\n";
+        }
     }
     return out;
 }
@@ -1132,7 +1341,7 @@ std::string_view logFormatName(AccessLogFormat f) {
 std::vector<ClusterConfig> clustersOf(const Config& config) {
     std::vector<ClusterConfig> clusters = config.clusters;
     for (const ListenerConfig& l : config.listeners) {
-        if (l.cluster.empty()) {
+        if (l.cluster.empty() && l.upstream.length != 0) {
             ClusterConfig c;
             c.name = l.name;
             c.backends.push_back({l.upstream, 1, ProxyVersion::Off});
@@ -1142,15 +1351,20 @@ std::vector<ClusterConfig> clustersOf(const Config& config) {
     return clusters;
 }
 
+size_t clusterNamed(const Config& config, std::string_view name) {
+    for (size_t i = 0; i < config.clusters.size(); ++i)
+        if (config.clusters[i].name == name) return i;
+    return kNoCluster;
+}
+
 size_t clusterIndex(const Config& config, size_t listener) {
     const ListenerConfig& l = config.listeners[listener];
-    if (!l.cluster.empty()) {
-        for (size_t i = 0; i < config.clusters.size(); ++i)
-            if (config.clusters[i].name == l.cluster) return i;
-    }
+    if (!l.cluster.empty()) return clusterNamed(config, l.cluster);
+    if (l.upstream.length == 0) return kNoCluster;
     size_t implicit = config.clusters.size();
     for (size_t i = 0; i < listener; ++i)
-        if (config.listeners[i].cluster.empty()) ++implicit;
+        if (config.listeners[i].cluster.empty() && config.listeners[i].upstream.length != 0)
+            ++implicit;
     return implicit;
 }
 

@@ -80,13 +80,35 @@ struct ClusterConfig {
     bool operator==(const ClusterConfig&) const = default;
 };
 
+// One of a listener's `routes`: the first route whose conditions all hold takes the client
+// (routes.hpp). Conditions come from the TLS ClientHello, which is peeked, never consumed.
+struct RouteConfig {
+    std::string name;  // unique in its listener; unset: the cluster's name
+    // Server names, lowercase without a trailing dot, compared case-insensitively;
+    // "*.example.com" matches exactly one label before ".example.com". Empty: any (or none).
+    std::vector<std::string> sni;
+    // ALPN protocol names: the route matches when the client offers any of them. Empty: any.
+    std::vector<std::string> alpn;
+    std::string cluster;
+
+    bool conditional() const { return !sni.empty() || !alpn.empty(); }
+    bool operator==(const RouteConfig&) const = default;
+};
+
 struct ListenerConfig {
     std::string name;  // unique; the `listener` label of every metric
     SocketAddress listen;
-    // Exactly one of the two: a named cluster, or `upstream`, the shorthand for a cluster of
-    // one backend that carries the listener's name (clustersOf() makes it).
+    // Where clients go: a named cluster, or `upstream`, the shorthand for a cluster of one
+    // backend that carries the listener's name (clustersOf() makes it); at most one of the two.
+    // With `routes`, that cluster is the default route (named after it) unless a route without
+    // a condition comes first; without `routes`, one of the two is required.
     std::string cluster;
     SocketAddress upstream;
+    // Route by the client's TLS ClientHello (server name, ALPN): each client's first bytes are
+    // inspected, for at most inspect_timeout and inspect_max_size, before a backend is chosen.
+    std::vector<RouteConfig> routes;
+    Duration inspect_timeout = std::chrono::seconds(5);
+    uint64_t inspect_max_size = 16 * 1024;
     // Expect a PROXY v1/v2 header from each client first (proxy_protocol.hpp); the address in
     // it is the client's from then on. A header not complete within proxy_timeout, malformed,
     // or longer than proxy_max_size closes the connection.
@@ -103,6 +125,17 @@ struct ListenerConfig {
     uint64_t pipe_size = 1 << 20;  // the size a busy direction's pipe grows to (starts at 64 KiB)
     Duration connect_timeout = std::chrono::seconds(5);
     Duration idle_timeout = std::chrono::seconds(300);  // 0 = never
+    // Half-closed connections (HAProxy's `timeout client-fin` / `server-fin`): once the
+    // backend's FIN was passed on to the client, the client may stay this long without a byte
+    // either way (client_fin_timeout); once the client's FIN was passed on to the backend, the
+    // backend may (server_fin_timeout). 0 = idle_timeout alone.
+    Duration client_fin_timeout{0};
+    Duration server_fin_timeout{0};
+    // A connection older than this (plus up to `jitter`, fixed per connection) is ended
+    // gracefully: both sides stop being read, what was read is delivered, both get a FIN.
+    // 0 = no limit.
+    Duration max_connection_duration{0};
+    Duration max_connection_duration_jitter{0};
     // TCP_NODELAY on the client and upstream sockets. On by default, as in nginx: request/response
     // traffic must not wait for Nagle. Off lets the kernel coalesce a bulk flow's small sends.
     bool tcp_nodelay = true;
@@ -158,10 +191,13 @@ struct Config {
 };
 
 // Every cluster a config runs: the declared ones, then one per `upstream:` listener (named
-// after it, one backend, defaults otherwise). Listener i routes to
-// clustersOf(c)[clusterIndex(c, i)].
+// after it, one backend, defaults otherwise). Listener i's `cluster` or `upstream` is
+// clustersOf(c)[clusterIndex(c, i)]; kNoCluster when it has neither (routes only).
 std::vector<ClusterConfig> clustersOf(const Config& config);
+inline constexpr size_t kNoCluster = SIZE_MAX;
 size_t clusterIndex(const Config& config, size_t listener);
+// The index in clustersOf(c) of the declared cluster `name` (checked at load: it exists).
+size_t clusterNamed(const Config& config, std::string_view name);
 
 // Thrown only while loading; main() catches it. what() reads e.g.
 //   "config.yaml:7:5: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"

@@ -13,11 +13,14 @@ constexpr uint32_t bit(ConnState s) { return 1u << static_cast<unsigned>(s); }
 constexpr uint32_t kEdges[] = {
     /* Free */ bit(ConnState::Accepted),
     /* Accepted */
-    bit(ConnState::Queued) | bit(ConnState::ReadingProxy) | bit(ConnState::Connecting) |
-        bit(ConnState::Closing),
+    bit(ConnState::Queued) | bit(ConnState::ReadingProxy) | bit(ConnState::Inspecting) |
+        bit(ConnState::Connecting) | bit(ConnState::Closing),
     /* Queued */
-    bit(ConnState::ReadingProxy) | bit(ConnState::Connecting) | bit(ConnState::Closing),
-    /* ReadingProxy */ bit(ConnState::Connecting) | bit(ConnState::Closing),
+    bit(ConnState::ReadingProxy) | bit(ConnState::Inspecting) | bit(ConnState::Connecting) |
+        bit(ConnState::Closing),
+    /* ReadingProxy */
+    bit(ConnState::Inspecting) | bit(ConnState::Connecting) | bit(ConnState::Closing),
+    /* Inspecting */ bit(ConnState::Connecting) | bit(ConnState::Closing),
     /* Connecting */ bit(ConnState::Relaying) | bit(ConnState::Closing),
     /* Relaying */ bit(ConnState::Closing),
     /* Closing */ bit(ConnState::Free),
@@ -27,8 +30,9 @@ static_assert(std::size(kEdges) == static_cast<size_t>(ConnState::Closing) + 1);
 }  // namespace
 
 const char* name(ConnState s) {
-    static constexpr const char* kNames[] = {"Free",       "Accepted", "Queued", "ReadingProxy",
-                                             "Connecting", "Relaying", "Closing"};
+    static constexpr const char* kNames[] = {"Free",       "Accepted",   "Queued",
+                                             "ReadingProxy", "Inspecting", "Connecting",
+                                             "Relaying",   "Closing"};
     return kNames[static_cast<size_t>(s)];
 }
 

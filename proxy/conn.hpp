@@ -3,25 +3,29 @@
 //
 // Lifecycle (Conn::state); enter() in conn.cpp is the only writer and checks every edge:
 //
-//   Free ─accept─▶ Accepted ─▶ [Queued] ─▶ [ReadingProxy] ─▶ Connecting ─connect ok─▶ Relaying
-//                     │            │              │              │  ▲                    │
-//                     │            │              │              └──┘ retry              │
-//                     ▼            ▼              ▼              ▼                       ▼
-//                  Closing ◀────────────────────────────────────────────────────────────────
+//   Free ─accept─▶ Accepted ─▶ [Queued] ─▶ [ReadingProxy] ─▶ [Inspecting] ─▶ Connecting ─▶ Relaying
+//                     │            │              │               │             │ ▲ connect   │
+//                     │            │              │               │             └─┘ retry  ok │
+//                     ▼            ▼              ▼               ▼             ▼             ▼
+//                  Closing ◀──────────────────────────────────────────────────────────────────
 //                     │
 //                     ▼ every SQE issued for the slot has completed
 //                   Free
 //
-//   [ ] a step taken only when needed: Accepted may go to any later one, Queued to
-//   ReadingProxy or Connecting. Into Closing: refused (a limit), drain, a bad or slow PROXY
-//   header, no backend, every connect failed; from Relaying: both directions finished, a
-//   reset or error, idle, drain.
+//   [ ] a step taken only when needed: Accepted may go to any later one, Queued to any later
+//   one but Relaying, ReadingProxy to Inspecting or Connecting. Into Closing: refused (a
+//   limit), drain, a bad or slow PROXY header, no route, no backend, every connect failed;
+//   from Relaying: both directions finished, a reset or error, idle, a half-closed side silent
+//   past its fin timeout, max_connection_duration, drain.
 //
 //   Accepted    counted in, its next step not chosen yet (within the accept's completion).
 //   Queued      accepted while the listener or the process was at max_connections (accepts
 //               armed before the limit was reached): held, unserved, until a connection ends.
 //   ReadingProxy  accept_proxy: the client's PROXY header is awaited (proxy_reader.hpp),
 //               bounded by proxy_timeout.
+//   Inspecting  routes: the client's TLS ClientHello is peeked until a route can be chosen
+//               (hello_reader.hpp), bounded by inspect_timeout and inspect_max_size; the bytes
+//               stay in the socket for the backend.
 //   Connecting  a connect to the backend the cluster picked is in flight, bounded by a linked
 //               timeout; a failure tries another backend (retries) within connect_timeout
 //               (upstream_side.hpp).
@@ -58,6 +62,7 @@ enum class ConnState : uint8_t {
     Accepted,
     Queued,
     ReadingProxy,
+    Inspecting,
     Connecting,
     Relaying,
     Closing
@@ -81,6 +86,9 @@ struct Direction {
 struct Generation;
 
 struct Conn {
+    static constexpr uint8_t kNoRoute = UINT8_MAX;
+    static constexpr uint16_t kNoCluster = UINT16_MAX;  // not chosen yet (routes: inspecting)
+
     ConnState state = ConnState::Free;
     uint8_t listener = 0;              // index into gen->rt->listeners
     bool counted_active = false;       // accepted and counted, not yet counted as closed
@@ -90,11 +98,16 @@ struct Conn {
     bool have_local = false;           // local holds the address the client reached
     uint8_t attempts = 0;              // connects started
     int16_t backend = -1;              // index into the cluster's backends; -1 before a pick
+    uint16_t cluster = kNoCluster;     // index into gen->rt->clusters: the listener's, or the route's
+    uint8_t route = kNoRoute;          // index into the listener's routes, once inspected
+    bool ending = false;               // max_connection_duration: both sides shut for reading
+    bool lowat = false;                // SO_RCVLOWAT on the client raised (inspecting)
     Generation* gen = nullptr;         // the config generation it was accepted under
     uint64_t tried = 0;                // backends tried (bit i % 64)
     int64_t accepted_us = 0;           // wall clock at accept (access log)
     int64_t accepted_mono_us = 0;      // monotonic at accept: duration, connect budget
-    int64_t connect_start_us = 0;      // monotonic at the current connect attempt
+    int64_t connect_start_us = 0;      // monotonic at the current connect attempt (Inspecting:
+                                       // at the inspection's start)
     int64_t connect_deadline_us = 0;   // monotonic: the first attempt + connect_timeout
     int64_t connect_us = -1;           // how long the successful connect took
     uint64_t bytes[2] = {0, 0};        // relayed per direction (access log)

@@ -75,6 +75,12 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             if (c.state == ConnState::ReadingProxy && cqe->res >= 0)
                 onProxyRead(c, ud.slot, cqe->res);
             break;
+        case Op::HelloRead:
+            // After inspect_timeout the connection went on without it: the poll stays armed
+            // until the client sends or the socket closes, and ends here, unheeded.
+            if (c.state == ConnState::Inspecting && cqe->res >= 0)
+                onHelloRead(c, ud.slot, cqe->res);
+            break;
         case Op::PollIn:
         case Op::PollOut:
         case Op::Watch:
@@ -102,6 +108,8 @@ bool Connections::accept(int fd, int32_t listener) {
     Conn& c = conn(slot);
     enter(c, ConnState::Accepted);
     c.listener = static_cast<uint8_t>(listener);
+    // With routes the cluster is the route's, chosen once the ClientHello is in.
+    if (!lr.inspects()) c.cluster = static_cast<uint16_t>(lr.cluster);
     c.gen = &gen;
     ++gen.live;
     c.fd[0] = fd;
@@ -167,6 +175,11 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
             proxyFailed(c, slot, ProxyFailure::Timeout);
             continue;
         }
+        if (c.state == ConnState::Inspecting &&
+            now_ms_ - c.last_active_ms >= l.inspect_timeout.count()) {
+            routeChosen(c, slot, hello_reader_.onTimeout(c, listenerOf(c)));
+            continue;
+        }
         if (c.state != ConnState::Relaying) continue;
         // The kernel moved a sockmap connection's bytes: what it counted is activity too.
         for (int d = 0; d < 2; ++d) {
@@ -179,6 +192,7 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
             closeConn(c, slot, CloseReason::IdleTimeout);
             continue;
         }
+        if (lifetimeSweep(c, slot, l)) continue;
         // A direction that kept its (empty) pipe through a quiet tick gives it back.
         if (now_ms_ - c.last_active_ms >= tick_ms) {
             for (Direction& dir : c.dir)
@@ -194,6 +208,7 @@ uint32_t Connections::allocConn() {
         if (slots_used_ + kChunk > UserData::kMaxSlot) return UINT32_MAX;
         // Grows only past the previous peak of connections: no allocation in steady state.
         chunks_.push_back(std::make_unique<Conn[]>(kChunk));
+        if (process_.access_log != nullptr) names_.push_back(std::make_unique<HelloNames[]>(kChunk));
         uint32_t base = static_cast<uint32_t>((chunks_.size() - 1) * kChunk);
         for (uint32_t i = kChunk; i-- > 0;) {
             conn(base + i).next_free = free_head_;
@@ -214,7 +229,7 @@ void Connections::serve(Conn& c, uint32_t slot) {
         c.last_active_ms = now_ms_;  // proxy_timeout counts from here (sweep)
         proxy_reader_.start(ring_, c, slot);
     } else {
-        startConnect(c, slot);
+        clientKnown(c, slot);
     }
 }
 
@@ -224,7 +239,7 @@ void Connections::onProxyRead(Conn& c, uint32_t slot, int res) {
         case ProxyRead::Wait:
             return;
         case ProxyRead::Done:
-            startConnect(c, slot);
+            clientKnown(c, slot);
             return;
         case ProxyRead::Failed:
             proxyFailed(c, slot, r.why);
@@ -245,11 +260,60 @@ void Connections::proxyFailed(Conn& c, uint32_t slot, ProxyFailure why) {
     closeConn(c, slot, CloseReason::ProxyProtocol);
 }
 
-void Connections::startConnect(Conn& c, uint32_t slot) {
+void Connections::clientKnown(Conn& c, uint32_t slot) {
     if (!admission_.admitSource(c)) {
         closeConn(c, slot, CloseReason::SourceLimit);
         return;
     }
+    if (!listenerOf(c).inspects()) {
+        startConnect(c, slot);
+        return;
+    }
+    enter(c, ConnState::Inspecting);
+    c.last_active_ms = now_ms_;  // inspect_timeout counts from here (sweep)
+    c.connect_start_us = monotonicUs();
+    hello_reader_.start(ring_, c, slot);
+}
+
+void Connections::onHelloRead(Conn& c, uint32_t slot, int res) {
+    HelloNames* names = helloNames(slot);
+    Inspected r = hello_reader_.onReadable(ring_, c, slot, listenerOf(c), res, names);
+    switch (r.kind) {
+        case Inspected::Wait:
+            return;
+        case Inspected::Chosen:
+            routeChosen(c, slot, r.choice);
+            return;
+        case Inspected::Reset:
+            closeConn(c, slot, CloseReason::ClientReset);
+            return;
+    }
+}
+
+void Connections::routeChosen(Conn& c, uint32_t slot, RouteChoice choice) {
+    const ListenerRt& l = listenerOf(c);
+    ListenerStats& s = lstats(c);
+    s.inspect_duration.observe(
+        kInspectBuckets,
+        static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.connect_start_us)));
+    if (choice.failed) {
+        s.inspect_failures[idx(choice.why)].add();
+        LOG_DEBUG("%s: inspect: %s%s", l.config.name.c_str(),
+                  std::string(label(choice.why)).c_str(),
+                  choice.route == ListenerRt::kNoRoute ? ", no default route" : "");
+    }
+    if (choice.route == ListenerRt::kNoRoute) {
+        closeConn(c, slot, CloseReason::NoRoute);
+        return;
+    }
+    const RouteRt& route = l.routes[choice.route];
+    c.route = static_cast<uint8_t>(choice.route);
+    c.cluster = static_cast<uint16_t>(route.cluster);
+    route.state->selections[id_].add();
+    startConnect(c, slot);
+}
+
+void Connections::startConnect(Conn& c, uint32_t slot) {
     enter(c, ConnState::Connecting);
     onConnectStep(c, slot, upstream_.start(ring_, c, slot));
 }
@@ -448,6 +512,47 @@ void Connections::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int 
     }
 }
 
+bool Connections::lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l) {
+    if (c.dir[0].finished != c.dir[1].finished) {
+        // Half-closed, and silent since (last_active_ms). The client closed first: its FIN went
+        // to the backend, whose turn it is (server_fin_timeout); or the other way round.
+        const bool client_closed = c.dir[0].finished;
+        const int64_t fin = (client_closed ? l.server_fin_timeout : l.client_fin_timeout).count();
+        if (fin > 0 && now_ms_ - c.last_active_ms >= fin) {
+            closeConn(c, slot,
+                      client_closed ? CloseReason::ServerFinTimeout : CloseReason::ClientFinTimeout);
+            return true;
+        }
+    }
+    const int64_t max = l.max_connection_duration.count();
+    if (max > 0 && !c.ending) {
+        // The jitter is fixed per connection without storing it: a hash of the slot's identity.
+        const int64_t jitter = l.max_connection_duration_jitter.count();
+        int64_t limit = max;
+        if (jitter > 0) {
+            uint64_t h = (uint64_t{slot} << 32 | c.generation) * 0x9E3779B97F4A7C15ull;
+            h ^= h >> 29;
+            limit += static_cast<int64_t>(h % static_cast<uint64_t>(jitter + 1));
+        }
+        if (now_ms_ - c.accepted_mono_us / 1000 >= limit) endGracefully(c, slot);
+    }
+    return c.state != ConnState::Relaying;
+}
+
+void Connections::endGracefully(Conn& c, uint32_t slot) {
+    // shutdown(SHUT_RD) marks each socket's receive side shut: a read returns what is already
+    // queued, then 0, as if the peer had sent its FIN, and the poll waiting on it wakes (the
+    // socket's state change wakes every waiter). Each pump then does what it does at any EOF:
+    // writes out what it read and passes the FIN on, so both peers get every byte the relay
+    // took from the other and then a clean FIN. What a peer sends after that stays unread, and
+    // close() answers it with an RST: the peer learns its last bytes were not delivered.
+    c.ending = true;
+    LOG_DEBUG("%s: slot %u reached max_connection_duration, ending it",
+              listenerConfig(c).name.c_str(), slot);
+    for (int d = 0; d < 2; ++d)
+        if (!c.dir[d].finished && c.fd[d] >= 0) ::shutdown(c.fd[d], SHUT_RD);
+}
+
 void Connections::retryStarved() {
     // Swap out first: a retry that is starved again re-enters the list for the next round.
     pumps_.buffers_freed = false;
@@ -506,7 +611,8 @@ void Connections::resetBroken(Conn& c, uint32_t slot, int side) {
 void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
     // Accounting: metrics, the access log, the limits and the backend's count.
-    countClose(c, reason);
+    if (c.ending && reason == CloseReason::Done) reason = CloseReason::MaxDuration;
+    countClose(c, slot, reason);
     if (admission_.release(c) && acceptor_.limitPaused()) {
         // A listener held at max_connections (by any worker) may take one more now.
         resume_wanted_ = true;
@@ -552,7 +658,7 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.inflight == 0) freeConn(c, slot);
 }
 
-void Connections::countClose(Conn& c, CloseReason reason) {
+void Connections::countClose(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.sub();
     if (!c.counted_active) return;
     ListenerStats& ls = lstats(c);
@@ -560,10 +666,10 @@ void Connections::countClose(Conn& c, CloseReason reason) {
     ls.duration.observe(kDurationBuckets, static_cast<uint64_t>(std::max<int64_t>(
                                               0, monotonicUs() - c.accepted_mono_us)));
     c.counted_active = false;
-    if (process_.access_log != nullptr) logConnection(c, reason);
+    if (process_.access_log != nullptr) logConnection(c, slot, reason);
 }
 
-void Connections::logConnection(Conn& c, CloseReason reason) {
+void Connections::logConnection(Conn& c, uint32_t slot, CloseReason reason) {
     AccessRecord r;
     r.start_unix_us = c.accepted_us;
     r.duration_us = static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.accepted_mono_us));
@@ -572,8 +678,13 @@ void Connections::logConnection(Conn& c, CloseReason reason) {
     r.bytes_downstream = c.bytes[1];
     r.client = clientAddress(c);
     copyField(r.listener, listenerConfig(c).name);
-    copyField(r.cluster, clusterOf(c).config.name);
+    if (c.cluster != Conn::kNoCluster) copyField(r.cluster, clusterOf(c).config.name);
     if (c.backend >= 0) copyField(r.backend, clusterOf(c).backends[c.backend].key);
+    if (c.route != Conn::kNoRoute) copyField(r.route, listenerOf(c).routes[c.route].config.name);
+    if (const HelloNames* names = helloNames(slot); names != nullptr) {
+        copyField(r.sni, names->sni);
+        copyField(r.alpn, names->alpn);
+    }
     r.reason = reason;
     r.attempts = c.attempts;
     if (c.state == ConnState::Relaying) copyField(r.path, label(c.dir[0].path()));
@@ -593,6 +704,8 @@ void Connections::closeSockmap(Conn& c) {
 }
 
 void Connections::freeConn(Conn& c, uint32_t slot) {
+    if (HelloNames* names = helloNames(slot); names != nullptr && listenerOf(c).inspects())
+        *names = HelloNames{};
     for (Direction& dir : c.dir) std::visit([&](auto& pump) { pump.reclaim(pumps_); }, dir.pump);
     uint32_t generation = c.generation + 1;
     generations_.release(*c.gen);

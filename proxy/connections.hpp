@@ -2,7 +2,7 @@
 // A worker's connections: the slot table, and the lifecycle that takes each one through the
 // states drawn above ConnState (conn.hpp). Each step hands the connection to its owner and
 // acts on the verdict: the admission for limits (admission.hpp), the PROXY header in
-// (proxy_reader.hpp), the upstream side for the backend and the connect (upstream.hpp), a pump
+// (proxy_reader.hpp), the route from the TLS ClientHello (hello_reader.hpp), the upstream side for the backend and the connect (upstream.hpp), a pump
 // per direction for the bytes (pump/). Closing is the one path out: release the accounting,
 // let the pumps tear down, close the sockets; the slot is reused once every SQE issued for it
 // has completed.
@@ -14,6 +14,7 @@
 #include "admission.hpp"
 #include "conn.hpp"
 #include "generation.hpp"
+#include "hello_reader.hpp"
 #include "process_shared.hpp"
 #include "proxy_reader.hpp"
 #include "pump/pump.hpp"
@@ -75,7 +76,12 @@ class Connections {
     void serve(Conn& c, uint32_t slot);
     void onProxyRead(Conn& c, uint32_t slot, int res);
     void proxyFailed(Conn& c, uint32_t slot, ProxyFailure why);
-    // The client is known (and, per source, admitted): to the upstream side.
+    // The client is known: its per-source limit, then its route (routes) or its backend.
+    void clientKnown(Conn& c, uint32_t slot);
+    void onHelloRead(Conn& c, uint32_t slot, int res);
+    // The route is chosen (or none is): counted, then to the upstream side or closed.
+    void routeChosen(Conn& c, uint32_t slot, RouteChoice choice);
+    // The cluster is known: to the upstream side.
     void startConnect(Conn& c, uint32_t slot);
     void connect(Conn& c, uint32_t slot);
     void onConnectStep(Conn& c, uint32_t slot, ConnectStep step);
@@ -92,12 +98,20 @@ class Connections {
     void finishDirection(Conn& c, uint32_t slot, int d);
     void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
     void armSockmapScan();
+    // Relaying: the half-close timeouts and max_connection_duration; true if c was closed.
+    bool lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l);
+    // max_connection_duration: both sides stop being read; the pumps deliver what they read
+    // and pass the FINs on as for any EOF.
+    void endGracefully(Conn& c, uint32_t slot);
+    HelloNames* helloNames(uint32_t slot) {
+        return names_.empty() ? nullptr : &names_[slot / kChunk][slot % kChunk];
+    }
     // The program found c's stream beyond repair: both peers get an RST instead of a FIN.
     void resetBroken(Conn& c, uint32_t slot, int side);
     // Release accounting, let the pumps tear down, close the sockets.
     void closeConn(Conn& c, uint32_t slot, CloseReason reason);
-    void countClose(Conn& c, CloseReason reason);
-    void logConnection(Conn& c, CloseReason reason);
+    void countClose(Conn& c, uint32_t slot, CloseReason reason);
+    void logConnection(Conn& c, uint32_t slot, CloseReason reason);
     void closeSockmap(Conn& c);
     void freeConn(Conn& c, uint32_t slot);
 
@@ -115,7 +129,11 @@ class Connections {
     Admission admission_;
     UpstreamSide upstream_;
     ProxyReader proxy_reader_;
+    HelloReader hello_reader_;
     std::vector<std::unique_ptr<Conn[]>> chunks_;
+    // With an access log, the names each slot's ClientHello gave (chunked like chunks_), kept
+    // beside the slots so a connection without routes or log pays nothing for them.
+    std::vector<std::unique_ptr<HelloNames[]>> names_;
     uint32_t free_head_ = UINT32_MAX;
     uint32_t slots_used_ = 0;  // high-water mark of slots ever handed out
     uint32_t live_ = 0;

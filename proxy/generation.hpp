@@ -39,9 +39,8 @@ inline const ListenerConfig& listenerConfig(const Conn& c) { return listenerOf(c
 inline ListenerStats& listenerStats(const Conn& c, unsigned worker) {
     return listenerOf(c).shared->stats[worker];
 }
-inline const ClusterRt& clusterOf(const Conn& c) {
-    return c.gen->rt->clusters[listenerOf(c).cluster];
-}
+// Only once the cluster is chosen (c.cluster != Conn::kNoCluster): at accept, or by a route.
+inline const ClusterRt& clusterOf(const Conn& c) { return c.gen->rt->clusters[c.cluster]; }
 
 // The client's address (getpeername, once), for whatever needs it: source_hash, a PROXY
 // header, the access log, a per-source limit. One syscall then, none per connection otherwise.

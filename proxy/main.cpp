@@ -31,7 +31,15 @@ void printListeners(const Server& server) {
     const Config& cfg = server.config();
     for (size_t i = 0; i < cfg.listeners.size(); ++i) {
         const ListenerConfig& l = cfg.listeners[i];
-        std::string to = l.cluster.empty() ? l.upstream.toString() : "cluster " + l.cluster;
+        std::string to = !l.cluster.empty()        ? "cluster " + l.cluster
+                         : l.upstream.length != 0 ? l.upstream.toString()
+                                                  : std::string();
+        if (!l.routes.empty()) {
+            // "routes api,apps then cluster fallback": where a ClientHello can send a client.
+            std::string names;
+            for (const RouteConfig& r : l.routes) names += (names.empty() ? "" : ",") + r.name;
+            to = "routes " + names + (to.empty() ? "" : " then " + to);
+        }
         std::printf("zcrelay: listener %s listening on %s -> %s (mode %s)\n", l.name.c_str(),
                     server.boundAddresses()[i].toString().c_str(), to.c_str(),
                     std::string(modeName(l.mode)).c_str());
@@ -53,7 +61,7 @@ void printReady(const Server& server) {
     }
     const ListenerConfig& first = cfg.listeners.front();
     SocketAddress up = first.upstream;
-    if (first.cluster.empty() && up.family() != AF_UNIX) {
+    if (first.cluster.empty() && first.routes.empty() && up.family() != AF_UNIX) {
         std::printf(
             "zcrelay: try it: `nc -l %s %u > received` as the upstream, then `nc -N %s %u < "
             "file`\n",

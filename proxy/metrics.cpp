@@ -308,9 +308,39 @@ class Collector : public prometheus::Collectable {
             "Sockmap connections relayed by splice instead, by reason: not_established (a FIN "
             "came first), insert_failed (the kernel refused the map update), no_record.",
             MetricType::Counter);
+        Family selections("zcrelay_route_selections_total",
+                          "Connections each route took (listeners with routes; the default "
+                          "route included).",
+                          MetricType::Counter);
+        Family inspect_failures(
+            "zcrelay_inspect_failures_total",
+            "Inspections of a client's first bytes that matched no conditional route, by reason "
+            "(timeout, not_tls, too_large, malformed, no_sni, no_route, closed); the default "
+            "route takes those clients if there is one, else they are closed (reason no_route).",
+            MetricType::Counter);
+        Family inspect_duration("zcrelay_inspect_duration_seconds",
+                                "Time from the start of inspection to the route's choice.",
+                                MetricType::Histogram);
         for (const ListenerRt& l : rt.listeners) {
             const std::string& name = l.config.name;
             const Sharded<ListenerStats>& st = l.shared->stats;
+            if (l.inspects()) {
+                for (const RouteRt& r : l.routes) {
+                    selections.add({{"listener", name}, {"route", r.config.name}},
+                                   static_cast<double>(r.state->selections.sum(
+                                       [](const StatCounter& c) { return c.get(); })));
+                }
+                for (size_t r = 0; r < idx(InspectFailure::kCount); ++r) {
+                    inspect_failures.add(
+                        {{"listener", name}, {"reason", std::string(kInspectFailureLabels[r])}},
+                        static_cast<double>(st.sum([r](const ListenerStats& s) {
+                            return s.inspect_failures[r].get();
+                        })));
+                }
+                inspect_duration.addShardedHistogram(
+                    {{"listener", name}}, kInspectBuckets, st,
+                    [](const ListenerStats& s) -> const auto& { return s.inspect_duration; });
+            }
             auto sum = [&](auto get) { return static_cast<double>(st.sum(get)); };
             double accepted = sum([](const ListenerStats& s) { return s.accepted.get(); });
             double closed_total = 0;
@@ -353,7 +383,8 @@ class Collector : public prometheus::Collectable {
                               }));
             // Rejected: closed before any byte was relayed, for a reason of the relay's own.
             for (CloseReason r :
-                 {CloseReason::NoBackend, CloseReason::ProxyProtocol, CloseReason::SourceLimit}) {
+                 {CloseReason::NoBackend, CloseReason::ProxyProtocol, CloseReason::SourceLimit,
+                  CloseReason::NoRoute}) {
                 rejected.add({{"listener", name}, {"reason", std::string(label(r))}},
                              sum([r](const ListenerStats& s) { return s.closed[idx(r)].get(); }));
             }
@@ -374,7 +405,8 @@ class Collector : public prometheus::Collectable {
         }
         for (Family* f : {&conns, &active, &bytes, &duration, &half_closed, &failures, &closed,
                           &rejected, &proxy_errors, &datapath, &sockmap_conns, &sockmap_fallbacks,
-                          &catchups, &copied, &replays, &skipped})
+                          &catchups, &copied, &replays, &skipped, &selections,
+                          &inspect_failures, &inspect_duration})
             out.push_back(f->take());
     }
 

@@ -17,6 +17,10 @@ namespace zcrelay {
     X(ProxyProtocol, "proxy_protocol") /* a bad, slow or oversized PROXY header */    \
     X(SourceLimit, "source_limit")     /* max_connections_per_source reached */       \
     X(IdleTimeout, "idle_timeout")     /* no byte either way for idle_timeout */      \
+    X(NoRoute, "no_route")             /* routes: none took the client (see inspect) */ \
+    X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */ \
+    X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */ \
+    X(MaxDuration, "max_duration")     /* ended at max_connection_duration */           \
     X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
     X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
 
@@ -40,6 +44,17 @@ namespace zcrelay {
     X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */   \
     X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */
 
+// Why inspecting a client's first bytes for a route found no condition to match on, or no
+// route whose condition held; the default route, if any, then takes the client.
+#define ZCRELAY_INSPECT_FAILURES(X)                                                           \
+    X(Timeout, "timeout")      /* no complete ClientHello within inspect_timeout */            \
+    X(NotTls, "not_tls")       /* the first bytes are not a TLS handshake record */            \
+    X(TooLarge, "too_large")   /* the ClientHello would exceed inspect_max_size */             \
+    X(Malformed, "malformed")  /* a TLS handshake that breaks the ClientHello's structure */   \
+    X(NoSni, "no_sni")         /* a ClientHello without server_name, no route matched */       \
+    X(NoRoute, "no_route")     /* a ClientHello with server_name that no route matched */      \
+    X(Closed, "closed")        /* the client closed before its ClientHello was complete */
+
 #define ZCRELAY_ENUM_ITEM(name, label) name,
 #define ZCRELAY_LABEL_ITEM(name, label) label,
 
@@ -47,6 +62,7 @@ enum class CloseReason : uint8_t { ZCRELAY_CLOSE_REASONS(ZCRELAY_ENUM_ITEM) kCou
 enum class ConnectFailure : uint8_t { ZCRELAY_CONNECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
 enum class PipeFallback : uint8_t { ZCRELAY_PIPE_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
 enum class SockmapFallback : uint8_t { ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
+enum class InspectFailure : uint8_t { ZCRELAY_INSPECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
 
 inline constexpr std::array<std::string_view, static_cast<size_t>(CloseReason::kCount)>
     kCloseReasonLabels{ZCRELAY_CLOSE_REASONS(ZCRELAY_LABEL_ITEM)};
@@ -56,6 +72,8 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(PipeFallback::
     kPipeFallbackLabels{ZCRELAY_PIPE_FALLBACKS(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(SockmapFallback::kCount)>
     kSockmapFallbackLabels{ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(InspectFailure::kCount)>
+    kInspectFailureLabels{ZCRELAY_INSPECT_FAILURES(ZCRELAY_LABEL_ITEM)};
 
 template <typename E>
 constexpr size_t idx(E e) {
@@ -66,5 +84,6 @@ inline std::string_view label(CloseReason r) { return kCloseReasonLabels[idx(r)]
 inline std::string_view label(ConnectFailure r) { return kConnectFailureLabels[idx(r)]; }
 inline std::string_view label(PipeFallback r) { return kPipeFallbackLabels[idx(r)]; }
 inline std::string_view label(SockmapFallback r) { return kSockmapFallbackLabels[idx(r)]; }
+inline std::string_view label(InspectFailure r) { return kInspectFailureLabels[idx(r)]; }
 
 }  // namespace zcrelay

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace zcrelay {
@@ -63,12 +64,37 @@ std::shared_ptr<const Runtime> Runtime::build(Config config, const Runtime* prev
         rt->clusters.push_back(std::move(cluster));
     }
     for (size_t i = 0; i < config.listeners.size(); ++i) {
-        ListenerRt l{config.listeners[i], static_cast<uint32_t>(clusterIndex(config, i)), nullptr};
+        ListenerRt l;
+        l.config = config.listeners[i];
+        const size_t cluster = clusterIndex(config, i);
+        l.cluster = cluster == kNoCluster ? ListenerRt::kNoRoute : static_cast<uint32_t>(cluster);
+        const ListenerRt* old = nullptr;
         if (previous) {
             for (const ListenerRt& ol : previous->listeners)
-                if (ol.config.name == l.config.name) l.shared = ol.shared;
+                if (ol.config.name == l.config.name) old = &ol;
         }
-        if (!l.shared) l.shared = std::make_shared<ListenerShared>(workers);
+        l.shared = old ? old->shared : std::make_shared<ListenerShared>(workers);
+        for (const RouteConfig& rc : l.config.routes)
+            l.routes.push_back({rc, static_cast<uint32_t>(clusterNamed(config, rc.cluster)), {}});
+        if (l.inspects() && l.cluster != ListenerRt::kNoRoute &&
+            std::all_of(l.routes.begin(), l.routes.end(),
+                        [](const RouteRt& r) { return r.config.conditional(); })) {
+            // The listener's own cluster is the default route, after every routes entry.
+            RouteConfig fallback;
+            fallback.cluster = clustersOf(config)[l.cluster].name;
+            fallback.name = fallback.cluster;
+            l.routes.push_back({std::move(fallback), l.cluster, {}});
+        }
+        for (size_t r = 0; r < l.routes.size(); ++r) {
+            RouteRt& route = l.routes[r];
+            if (!route.config.conditional() && l.default_route == ListenerRt::kNoRoute)
+                l.default_route = static_cast<uint32_t>(r);
+            if (old) {
+                for (const RouteRt& o : old->routes)
+                    if (o.config.name == route.config.name) route.state = o.state;
+            }
+            if (!route.state) route.state = std::make_shared<RouteState>(workers);
+        }
         rt->listeners.push_back(std::move(l));
     }
     rt->config = std::move(config);

@@ -131,10 +131,31 @@ struct ClusterRt {
     std::vector<BackendSpec> specs;  // for each worker's Balancer
 };
 
+// A route's counters, taken over by a reload that keeps a route of that name in its listener.
+struct RouteState {
+    explicit RouteState(unsigned workers) : selections(workers) {}
+    Sharded<StatCounter> selections;  // connections the route took
+};
+
+struct RouteRt {
+    RouteConfig config;
+    uint32_t cluster = 0;  // index into Runtime::clusters
+    std::shared_ptr<RouteState> state;
+};
+
 struct ListenerRt {
     ListenerConfig config;
-    uint32_t cluster = 0;  // index into Runtime::clusters
+    // Index into Runtime::clusters: the listener's cluster, or kNoRoute (routes only, none
+    // without a condition).
+    uint32_t cluster = 0;
+    // config.routes in order, and the default route: the first without a condition, or the
+    // listener's cluster appended as one (named after it); kNoRoute when there is none.
+    std::vector<RouteRt> routes;
+    uint32_t default_route = kNoRoute;
     std::shared_ptr<ListenerShared> shared;
+
+    static constexpr uint32_t kNoRoute = UINT32_MAX;
+    bool inspects() const { return !config.routes.empty(); }
 };
 
 struct Runtime {

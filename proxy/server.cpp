@@ -286,13 +286,22 @@ std::string Server::unready() const {
     if (std::string why = unhealthy(); !why.empty()) return why;
     // Every listener must have somewhere to send a client: a cluster with a backend up.
     std::shared_ptr<const Runtime> rt = current();
+    auto anyUp = [&](uint32_t cluster) {
+        const ClusterRt& c = rt->clusters[cluster];
+        return std::any_of(c.backends.begin(), c.backends.end(),
+                           [](const BackendRt& b) { return b.state->up.load(); });
+    };
     for (const ListenerRt& l : rt->listeners) {
-        const ClusterRt& c = rt->clusters[l.cluster];
-        bool any = std::any_of(c.backends.begin(), c.backends.end(),
-                               [](const BackendRt& b) { return b.state->up.load(); });
-        if (!any)
-            return "listener " + l.config.name + ": no backend of cluster " + c.config.name +
-                   " is up";
+        if (!l.inspects()) {
+            if (!anyUp(l.cluster))
+                return "listener " + l.config.name + ": no backend of cluster " +
+                       rt->clusters[l.cluster].config.name + " is up";
+            continue;
+        }
+        // With routes, a listener that can serve some clients is ready: one route's cluster up.
+        if (std::none_of(l.routes.begin(), l.routes.end(),
+                         [&](const RouteRt& r) { return anyUp(r.cluster); }))
+            return "listener " + l.config.name + ": no backend of any route's cluster is up";
     }
     return "";
 }

@@ -52,6 +52,11 @@ struct UsHistogram {
 inline constexpr std::array<double, 16> kDurationBuckets = {
     0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200};
 
+// Upper bounds (seconds) of the inspection time histogram: from a ClientHello already queued
+// at accept (tens of microseconds) to one that trickles in up to the longest inspect_timeout.
+inline constexpr std::array<double, 14> kInspectBuckets = {
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+
 struct ListenerStats {
     StatCounter accepted;
     // [direction][data path]: direction 0 is client -> upstream, 1 upstream -> client; the
@@ -69,6 +74,9 @@ struct ListenerStats {
     StatCounter sockmap_replays;   // skbs the verdict saw again (relay.bpf.c)
     StatCounter sockmap_skipped;   // bytes of those that user space dropped
     std::array<StatCounter, idx(ProxyFailure::kCount)> proxy_errors;
+    // routes: inspections that matched no conditional route, and how long each took.
+    std::array<StatCounter, idx(InspectFailure::kCount)> inspect_failures;
+    UsHistogram<kInspectBuckets.size()> inspect_duration;
 };
 
 struct WorkerStats {

@@ -57,7 +57,7 @@ ConnectFailure classifyConnectError(int err) {
 
 int UpstreamSide::pickBackend(Conn& c) {
     const ClusterRt& cl = clusterOf(c);
-    const uint32_t ci = listenerOf(c).cluster;
+    const uint32_t ci = c.cluster;
     uint64_t key = 0;
     if (cl.config.balance == Balance::SourceHash) key = hashAddress(clientAddress(c));
     return c.gen->balancers[ci].pick(

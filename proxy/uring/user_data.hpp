@@ -28,6 +28,7 @@ enum class Op : uint8_t {
     Barrier,         // sockmap: a timer to look at a barrier (or the EOF) again
     SockmapScan,     // sockmap: the worker's timer to look for passed bytes
     ProxyRead,       // accept_proxy: the client's PROXY header (or enough of it) is readable
+    HelloRead,       // routes: the client's TLS ClientHello (or enough of it) is readable
     Check,           // health check I/O: connect, send or recv (slot = check index)
     CheckTimeout,    // the linked timeout bounding a check's I/O
     CheckTimer,      // the wait until a backend's next check

@@ -28,7 +28,8 @@ constexpr Millis kLogWait{10'000};
 
 const std::vector<std::string> kJsonFields = {
     "time",       "listener",    "client",   "cluster",    "backend",     "attempts",
-    "connect_ms", "duration_ms", "bytes_up", "bytes_down", "termination", "path"};
+    "connect_ms", "duration_ms", "bytes_up", "bytes_down", "termination", "path",
+    "route",      "sni",         "alpn"};
 
 // "127.0.0.1:PORT": where a connected socket is bound (the relay's view of the client).
 std::string localAddress(int fd) {
@@ -362,13 +363,13 @@ TEST(AccessLogTest, TextLinesHaveTheDocumentedFields) {
     ASSERT_EQ(raw.size(), static_cast<size_t>(kConnections + 1)) << readFileText(log_path);
 
     // time listener client cluster/backend attempts=N connect_ms=X duration_ms=Y up=U down=D
-    // termination path
+    // termination path route=R sni=S alpn=A (no routes here: "-")
     std::map<std::string, std::vector<std::string>> by_client;
     for (const auto& line : raw) {
         std::istringstream in(line);
         std::vector<std::string> f;
         for (std::string w; in >> w;) f.push_back(w);
-        ASSERT_EQ(f.size(), 11u) << line;
+        ASSERT_EQ(f.size(), 14u) << line;
         by_client[f[2]] = f;
     }
     for (const ClientSide& c : clients) {
@@ -385,6 +386,9 @@ TEST(AccessLogTest, TextLinesHaveTheDocumentedFields) {
         EXPECT_EQ(f[8], "down=" + std::to_string(c.received));
         EXPECT_EQ(f[9], "done");
         EXPECT_EQ(f[10], "copy");
+        EXPECT_EQ(f[11], "route=-");
+        EXPECT_EQ(f[12], "sni=-");
+        EXPECT_EQ(f[13], "alpn=-");
     }
     ASSERT_TRUE(by_client.count(failed_client)) << readFileText(log_path);
     const auto& f = by_client[failed_client];

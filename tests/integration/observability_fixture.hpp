@@ -308,6 +308,11 @@ class TrafficRelay {
         add("c", "copy", &copy_up_);
         add("m", "sockmap", &sockmap_up_);
         add("k", "splice", nullptr);
+        // Routes: the echo's bytes are no ClientHello, so the default route (the cluster) takes
+        // them, and the route and inspection families have samples.
+        add("r", "splice", nullptr);
+        config.listeners.back().extra_yaml =
+            "    routes:\n      - {name: never, alpn: [x-never], cluster: app}\n";
         config.extra_yaml =
             "clusters:\n  - name: app\n"
             "    health_check: {interval: 200ms, timeout: 500ms, rise: 1, fall: 2}\n"
@@ -325,9 +330,13 @@ class TrafficRelay {
 
         for (const std::string name : {"s", "c", "m"}) roundTrip(name, kListenerBytes);
         for (int i = 0; i < kClusterConnections; ++i) roundTrip("k", kClusterBytes);
+        roundTrip("r", kClusterBytes);
 
         for (const std::string name : {"s", "c", "m"}) expectCounters(name, kListenerBytes, 1);
         expectCounters("k", kClusterConnections * kClusterBytes, kClusterConnections);
+        expectCounters("r", kClusterBytes, 1);
+        EXPECT_TRUE(relay_.waitForMetric("zcrelay_route_selections_total",
+                                         {{"listener", "r"}, {"route", "app"}}, 1.0));
         EXPECT_TRUE(relay_.waitForMetric(
             metric::kBackendChecksTotal,
             {{"cluster", "app"}, {"backend", backend_a_.hostPort()}, {"result", "passed"}},

@@ -125,14 +125,34 @@ TEST(AccessLogFormat, JsonLineIsExact) {
               R"({"time":"2026-11-22T18:06:19.123456Z","listener":"web",)"
               R"("client":"127.0.0.1:50000","cluster":"app","backend":"127.0.0.1:9001",)"
               R"("attempts":1,"connect_ms":0.123,"duration_ms":12.345,"bytes_up":123,)"
-              R"("bytes_down":456,"termination":"done","path":"splice"})"
+              R"("bytes_down":456,"termination":"done","path":"splice","route":"","sni":"",)"
+              R"("alpn":""})"
               "\n");
+}
+
+TEST(AccessLogFormat, RoutedLineNamesRouteSniAndAlpn) {
+    AccessRecord r = sampleRecord();
+    copyField(r.route, "api");
+    copyField(r.sni, "API.example.com");
+    copyField(r.alpn, "h2,http/1.1");
+    std::string json = format(r, AccessLogFormat::Json);
+    EXPECT_NE(json.find(R"("path":"splice","route":"api","sni":"API.example.com",)"
+                        R"("alpn":"h2,http/1.1"})"),
+              std::string::npos)
+        << json;
+    // A client's server name is its own text: a space or a newline in it cannot split the line.
+    copyField(r.sni, "a b\nc");
+    std::string text = format(r, AccessLogFormat::Text);
+    EXPECT_NE(text.find(" splice route=api sni=a\\x20b\\x0ac alpn=h2,http/1.1\n"),
+              std::string::npos)
+        << text;
 }
 
 TEST(AccessLogFormat, TextLineIsExact) {
     EXPECT_EQ(format(sampleRecord(), AccessLogFormat::Text),
               "2026-11-22T18:06:19.123456Z web 127.0.0.1:50000 app/127.0.0.1:9001 attempts=1 "
-              "connect_ms=0.123 duration_ms=12.345 up=123 down=456 done splice\n");
+              "connect_ms=0.123 duration_ms=12.345 up=123 down=456 done splice route=- sni=- "
+              "alpn=-\n");
 }
 
 TEST(AccessLogFormat, NeverConnectedHasNullConnectAndNoBackend) {
@@ -155,7 +175,8 @@ TEST(AccessLogFormat, NeverConnectedHasNullConnectAndNoBackend) {
 
     EXPECT_EQ(format(r, AccessLogFormat::Text),
               "2026-11-22T18:06:19.123456Z web [2001:db8::1]:443 app/- attempts=3 connect_ms=- "
-              "duration_ms=3000000.007 up=123 down=456 connect_failed splice\n");
+              "duration_ms=3000000.007 up=123 down=456 connect_failed splice route=- sni=- "
+              "alpn=-\n");
 }
 
 TEST(AccessLogFormat, JsonEscapesHostileNames) {
@@ -185,7 +206,7 @@ TEST(AccessLogFormat, TextFieldsCannotSplitOrForgeLines) {
     const std::string line = format(r, AccessLogFormat::Text);
     EXPECT_NE(line.find(" a\\x20b\\x0a2026\\x20fake\\x5c "), std::string::npos) << line;
     EXPECT_EQ(line.find('\n'), line.size() - 1);
-    EXPECT_EQ(line.substr(line.size() - 8), " done -\n");
+    EXPECT_EQ(line.substr(line.size() - 29), " done - route=- sni=- alpn=-\n");
 }
 
 TEST(AccessLogFormat, CopyFieldTruncatesAtCharacterBoundary) {
@@ -258,7 +279,7 @@ TEST(AccessLog, FileSinkWritesEveryRecordFromTwoProducers) {
     for (const auto& line : lines) {
         const auto json = parseLine(line);
         ASSERT_TRUE(json) << line;
-        ASSERT_EQ(json->size(), 12u) << line;
+        ASSERT_EQ(json->size(), 15u) << line;
         const unsigned p = std::stoul(*json->at("bytes_up"));
         const unsigned i = std::stoul(*json->at("bytes_down"));
         ASSERT_LT(p, 2u);

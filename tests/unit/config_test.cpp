@@ -68,9 +68,11 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{
             "unknown_key.yaml",
             "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, cluster, "
-            "upstream, accept_proxy, proxy_timeout, proxy_max_size, max_connections, "
-            "max_connections_per_source, mode, pipe_size, connect_timeout, idle_timeout, "
-            "tcp_nodelay, notsent_lowat, tcp_keepalive"},
+            "upstream, inspect_timeout, inspect_max_size, accept_proxy, proxy_timeout, "
+            "proxy_max_size, max_connections, max_connections_per_source, mode, pipe_size, "
+            "connect_timeout, idle_timeout, client_fin_timeout, server_fin_timeout, "
+            "max_connection_duration, max_connection_duration_jitter, tcp_nodelay, "
+            "notsent_lowat, tcp_keepalive, routes"},
         BadFixture{"wrong_type.yaml",
                    "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
         BadFixture{"workers_not_number.yaml",
@@ -89,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{"metrics_bad_address.yaml",
                    "3:11: metrics.listen: port 91000 is out of range (0..65535)"},
         BadFixture{"missing_upstream.yaml",
-                   "5:5: listeners[1]: missing `cluster` (or `upstream`, a one-backend cluster)"},
+                   "5:5: listeners[1]: missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)"},
         BadFixture{"empty_listeners.yaml",
                    "3:12: listeners: empty; at least one listener is needed"},
         BadFixture{"duplicate_listen.yaml",
@@ -239,7 +241,7 @@ TEST(LoadConfig, StructureErrors) {
     EXPECT_EQ(errorOfYaml("listeners:\n  - 127.0.0.1:1\n"),
               "t.yaml:2:5: listeners[0]: expected a map, got a scalar");
     EXPECT_EQ(errorOfYaml("listeners:\n  - listen: 127.0.0.1:1\n"),
-              "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster)");
+              "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)");
     EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
               "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
               "max_pipes, max_connections, user, group, metrics, access_log, clusters, listeners");

@@ -14,11 +14,16 @@ using S = ConnState;
 
 // The diagram, edge by edge.
 const std::set<std::pair<S, S>> kDrawn = {
-    {S::Free, S::Accepted},        {S::Accepted, S::Queued},     {S::Accepted, S::ReadingProxy},
-    {S::Accepted, S::Connecting},  {S::Accepted, S::Closing},    {S::Queued, S::ReadingProxy},
-    {S::Queued, S::Connecting},    {S::Queued, S::Closing},      {S::ReadingProxy, S::Connecting},
-    {S::ReadingProxy, S::Closing}, {S::Connecting, S::Relaying}, {S::Connecting, S::Closing},
-    {S::Relaying, S::Closing},     {S::Closing, S::Free},
+    {S::Free, S::Accepted},          {S::Accepted, S::Queued},
+    {S::Accepted, S::ReadingProxy},  {S::Accepted, S::Inspecting},
+    {S::Accepted, S::Connecting},    {S::Accepted, S::Closing},
+    {S::Queued, S::ReadingProxy},    {S::Queued, S::Inspecting},
+    {S::Queued, S::Connecting},      {S::Queued, S::Closing},
+    {S::ReadingProxy, S::Inspecting}, {S::ReadingProxy, S::Connecting},
+    {S::ReadingProxy, S::Closing},   {S::Inspecting, S::Connecting},
+    {S::Inspecting, S::Closing},     {S::Connecting, S::Relaying},
+    {S::Connecting, S::Closing},     {S::Relaying, S::Closing},
+    {S::Closing, S::Free},
 };
 
 TEST(ConnLifecycle, EdgesAreExactlyTheDiagram) {
@@ -33,8 +38,8 @@ TEST(ConnLifecycle, EdgesAreExactlyTheDiagram) {
 
 TEST(ConnLifecycle, AConnectionWalksItsLongestPath) {
     Conn c;
-    for (S to : {S::Accepted, S::Queued, S::ReadingProxy, S::Connecting, S::Relaying, S::Closing,
-                 S::Free}) {
+    for (S to : {S::Accepted, S::Queued, S::ReadingProxy, S::Inspecting, S::Connecting,
+                 S::Relaying, S::Closing, S::Free}) {
         enter(c, to);
         EXPECT_EQ(c.state, to);
     }
