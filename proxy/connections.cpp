@@ -443,7 +443,8 @@ PumpPort Connections::port(Conn& c, uint32_t slot, int d) {
                     c.fd[1 - d],
                     c.dir[1 - d].finished,
                     static_cast<uint32_t>(listenerConfig(c).pipe_size),
-                    lstats(c)};
+                    lstats(c),
+                    c.ending};
 }
 
 void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags) {
@@ -494,6 +495,13 @@ void Connections::addBytes(Conn& c, int d, uint64_t n) {
 
 void Connections::finishDirection(Conn& c, uint32_t slot, int d) {
     c.dir[d].finished = true;
+    if (c.ending && c.bothFinished()) {
+        // Both sources are read to their end and everything read was written: now the FINs
+        // the pumps kept (PumpPort::ending) go out, and the sockets close at once. A peer
+        // whose bytes came after the relay stopped reading gets an RST from close().
+        for (int i = 0; i < 2; ++i)
+            if (c.fd[i] >= 0) ::shutdown(c.fd[i], SHUT_WR);
+    }
     if (!c.bothFinished()) {
         lstats(c).half_closed.add();  // one way done, the other still flowing
         return;
@@ -525,7 +533,7 @@ bool Connections::lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l)
         }
     }
     const int64_t max = l.max_connection_duration.count();
-    if (max > 0 && !c.ending) {
+    if (max > 0) {
         // The jitter is fixed per connection without storing it: a hash of the slot's identity.
         const int64_t jitter = l.max_connection_duration_jitter.count();
         int64_t limit = max;
@@ -534,7 +542,21 @@ bool Connections::lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l)
             h ^= h >> 29;
             limit += static_cast<int64_t>(h % static_cast<uint64_t>(jitter + 1));
         }
-        if (now_ms_ - c.accepted_mono_us / 1000 >= limit) endGracefully(c, slot);
+        const int64_t age = now_ms_ - c.accepted_mono_us / 1000;
+        if (!c.ending && age >= limit) {
+            endGracefully(c, slot);
+        } else if (c.ending && age >= limit + kEndGraceMs) {
+            // Still not done: a peer that does not read what is left for it, or a sockmap
+            // stream the kernel keeps redirecting past the shut reading side. Both peers get
+            // an RST, so neither mistakes the cut for a clean end.
+            LOG_DEBUG("%s: slot %u did not end within %lld ms of max_connection_duration; "
+                      "resetting it",
+                      l.name.c_str(), slot, static_cast<long long>(kEndGraceMs));
+            linger lg{1, 0};
+            for (int fd : c.fd)
+                if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+            closeConn(c, slot, CloseReason::MaxDuration);
+        }
     }
     return c.state != ConnState::Relaying;
 }
@@ -542,10 +564,13 @@ bool Connections::lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l)
 void Connections::endGracefully(Conn& c, uint32_t slot) {
     // shutdown(SHUT_RD) marks each socket's receive side shut: a read returns what is already
     // queued, then 0, as if the peer had sent its FIN, and the poll waiting on it wakes (the
-    // socket's state change wakes every waiter). Each pump then does what it does at any EOF:
-    // writes out what it read and passes the FIN on, so both peers get every byte the relay
-    // took from the other and then a clean FIN. What a peer sends after that stays unread, and
-    // close() answers it with an RST: the peer learns its last bytes were not delivered.
+    // socket's state change wakes every waiter). Each pump then does what it does at any EOF,
+    // writes out what it read, but keeps the FIN (PumpPort::ending): a socket that has sent
+    // its FIN with its reading side shut resets the connection on the next byte its peer
+    // sends, and that peer's bytes may still be on their way to the other side. Once both
+    // directions are done, finishDirection sends both FINs and the connection closes: each
+    // peer has every byte the relay took from the other, then a FIN. What a peer sent after
+    // the relay stopped reading stays unread, and close() answers it with an RST.
     c.ending = true;
     LOG_DEBUG("%s: slot %u reached max_connection_duration, ending it",
               listenerConfig(c).name.c_str(), slot);

@@ -67,6 +67,8 @@ class Connections {
 
   private:
     static constexpr uint32_t kChunk = 256;
+    // max_connection_duration: how long an ending connection has to finish gracefully.
+    static constexpr int64_t kEndGraceMs = 2000;
 
     // A free slot (Free); UINT32_MAX when the slot space is exhausted.
     uint32_t allocConn();

@@ -89,7 +89,7 @@ int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res) {
 Step CopyPump::settle(const PumpPort& p, Flow flow) {
     if (flow != Flow::Drained) return {};
     // Everything read before the FIN has been sent: pass the FIN on.
-    ::shutdown(p.dst, SHUT_WR);
+    if (!p.ending) ::shutdown(p.dst, SHUT_WR);
     Step out;
     out.kind = Step::Finished;
     return out;

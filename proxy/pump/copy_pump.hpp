@@ -125,6 +125,7 @@ template <class Keep>
 CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_t flags,
                                Keep&& keep, int& error) {
     recv_armed_ = false;
+    if (p.ending && res == -ECONNRESET) res = 0;  // see PumpPort::ending
     bool has_buffer = flags & IORING_CQE_F_BUFFER;
     uint16_t bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
     if (res > 0) {

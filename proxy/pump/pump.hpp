@@ -77,6 +77,12 @@ struct PumpPort {
     bool src_write_shut;    // the other direction finished: src's writing side is shut down
     uint32_t pipe_size;     // the listener's pipe_size (splice grows a busy pipe to it)
     ListenerStats& counts;  // the counters of the listener the connection came in on
+    // max_connection_duration: the connection is being ended, both sources shut for reading.
+    // A pump then keeps its FIN (the lifecycle sends both once both directions are done: a
+    // socket that has sent its FIN with its reading side shut answers any byte that still comes
+    // with an RST, tcp_rcv_state_process() in FIN_WAIT1/2), and a reset source, which is that
+    // RST's echo on a socket already half-closed, ends its direction like a FIN.
+    bool ending = false;
 
     io_uring_sqe* sqe(Op op) const {
         io_uring_sqe* s = ring.sqe();

@@ -212,7 +212,7 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     }
     if (!barrierDone(p, checkFinBarrier(p.src, p.dst, src_skipped_, dst_extra_), out)) return;
     out.moved += fold(*env.sockmap);
-    ::shutdown(p.dst, SHUT_WR);
+    if (!p.ending) ::shutdown(p.dst, SHUT_WR);
     phase_ = Phase::Finished;
     out.kind = Step::Finished;
     // src is done but, unless the other direction finished too, still its destination,

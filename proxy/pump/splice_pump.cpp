@@ -85,7 +85,7 @@ Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, u
 Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
     Step out;
     if (done_) return out;
-    SpliceStep step = move(p.src, p.dst, env.pipes, p.pipe_size, out.moved);
+    SpliceStep step = move(p.src, p.dst, env.pipes, p.pipe_size, out.moved, p.ending);
     switch (step.kind) {
         case SpliceStep::WaitRead:
             env.stats.splice_eagain[p.dir][0].add();
@@ -117,7 +117,8 @@ Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
     return out;
 }
 
-SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved) {
+SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved,
+                            bool ending) {
     Pipe& pipe = pipe_;
     uint32_t& in_pipe = in_pipe_;
     bool& eof = eof_;
@@ -150,10 +151,16 @@ SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size
                         stuck_nonempty = true;
                         break;
                     case ReadResult::Error:
+                        if (ending && err == ECONNRESET) {  // see PumpPort::ending
+                            eof = true;
+                            break;
+                        }
                         return SpliceStep{SpliceStep::Failed, true, err, {}};
                     default:
                         break;
                 }
+            } else if (ending && errno == ECONNRESET) {
+                eof = true;  // see PumpPort::ending
             } else if (errno != EAGAIN && errno != EINTR) {
                 return SpliceStep{SpliceStep::Failed, true, errno, {}};
             }
@@ -184,7 +191,7 @@ SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size
         pool.release(pipe);
         // Everything read before the FIN has been written: pass the FIN on. ENOTCONN means dst
         // is already gone, which its own direction will report.
-        ::shutdown(dst, SHUT_WR);
+        if (!ending) ::shutdown(dst, SHUT_WR);
         return SpliceStep{SpliceStep::Finished, false, 0, {}};
     }
     if (stuck_nonempty) {

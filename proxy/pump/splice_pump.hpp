@@ -51,7 +51,9 @@ class SplicePump {
     void reclaim(PumpEnv&) {}
     // Moves what can be moved now from src to dst through the pipe; `moved` gets the bytes
     // written to dst. Never blocks, arms nothing (start/onCompletion do).
-    SpliceStep move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved);
+    // `ending`: PumpPort::ending.
+    SpliceStep move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved,
+                    bool ending = false);
     // Gives an empty pipe back to the pool; false when there is none or it still holds bytes.
     bool releaseIdle(PipePool& pool);
     // A direction that falls back to copy keeps its watch on src (one poll per socket).
