@@ -371,7 +371,33 @@ void Connections::startRelaying(Conn& c, uint32_t slot) {
         failDirection(c, slot, 0, false, err);
         return;
     }
-    choosePaths(c, slot);
+    // Sockmap after routes or accept_proxy: the client's first bytes (the ClientHello, what
+    // followed the PROXY header) wait in its socket, read in part already when a PROXY header
+    // shared their segment. Left there, they are bytes that came before the sockets entered
+    // the map, moved by the sockmap pump's catch-up path: ~19 us a connection (bench/run's sni
+    // workload), and a segment the relay had read the header from came back to the verdict
+    // as a replay, after which that direction stalled (17 of 20 connections lost a later
+    // write, tests/integration/sni_routing_test.cpp). Sent on here, before the sockets enter
+    // the map, they cost a peek, a send and a read; a send the upstream cut short leaves a
+    // read segment queued again, and that connection runs splice.
+    uint32_t early = 0;
+    bool sockmap_ok = true;
+    const ListenerRt& lr = listenerOf(c);
+    if ((lr.inspects() || lr.config.accept_proxy) && lr.config.mode == Mode::Sockmap &&
+        sockmap_ != nullptr) {
+        Forwarded f = hello_reader_.forward(c);
+        if (f.error != 0) {
+            failDirection(c, slot, 0, f.on_src, f.error);
+            return;
+        }
+        early = f.bytes;
+        sockmap_ok = !f.cut_short;
+    }
+    choosePaths(c, slot, sockmap_ok);
+    if (early > 0) {
+        addBytes(c, 0, early);
+        if (c.dir[0].path() == DataPath::Sockmap) lstats(c).sockmap_copied.add(early);
+    }
     for (int d = 0; d < 2; ++d) {
         PumpPort p = port(c, slot, d);
         apply(c, slot, d,
@@ -380,7 +406,7 @@ void Connections::startRelaying(Conn& c, uint32_t slot) {
     }
 }
 
-void Connections::choosePaths(Conn& c, uint32_t slot) {
+void Connections::choosePaths(Conn& c, uint32_t slot, bool sockmap_ok) {
     const ListenerConfig& l = listenerConfig(c);
     const BackendRt& be = clusterOf(c).backends[c.backend];
     DataPath path[2] = {DataPath::Splice, DataPath::Splice};
@@ -388,7 +414,11 @@ void Connections::choosePaths(Conn& c, uint32_t slot) {
     // The sockmap program relays TCP sockets only; a unix backend runs splice.
     if (l.mode == Mode::Sockmap && sockmap_ != nullptr && be.config.address.family() != AF_UNIX) {
         PairSetUp r;
-        if (slot < max_conns_) {
+        if (!sockmap_ok) {
+            r.fell_back = true;
+            r.reason = SockmapFallback::PartlyRead;
+            r.path[0] = r.path[1] = DataPath::Splice;
+        } else if (slot < max_conns_) {
             // In flight per direction (the psock's backlog plus the peer's send queue): four
             // pipes' worth, comparable to what splice has the kernel hold for a direction (one
             // pipe plus the socket buffers). pipe_size is the one knob for both.

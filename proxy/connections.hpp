@@ -90,8 +90,9 @@ class Connections {
     void retryFdWaiters();
     // Connected: the PROXY header out, then a pump per direction.
     void startRelaying(Conn& c, uint32_t slot);
-    // The paths the listener's mode asks for, once the sockmap had its say.
-    void choosePaths(Conn& c, uint32_t slot);
+    // The paths the listener's mode asks for, once the sockmap had its say (`sockmap_ok`
+    // false: the client's queue starts with a segment read in part, which it cannot take).
+    void choosePaths(Conn& c, uint32_t slot, bool sockmap_ok);
     PumpPort port(Conn& c, uint32_t slot, int d);
     void onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags);
     // A pump's verdict: bytes, finish, failure, fallback.

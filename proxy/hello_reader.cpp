@@ -84,6 +84,32 @@ Inspected HelloReader::onReadable(Ring& ring, Conn& c, uint32_t slot, const List
     return {};
 }
 
+Forwarded HelloReader::forward(Conn& c) {
+    // The peek is fresh: scratch_ is shared by the worker's connections, and more may have
+    // come since the choice. Nothing else reads the client before its data path starts, so the
+    // bytes peeked are still the first in its queue when the read below takes them.
+    ssize_t n = ::recv(c.fd[0], scratch_.data(), scratch_.size(), MSG_PEEK | MSG_DONTWAIT);
+    if (n <= 0) {
+        // Nothing queued, or the FIN or an error first: the data path sees it in order.
+        return {};
+    }
+    ssize_t sent =
+        ::send(c.fd[1], scratch_.data(), static_cast<size_t>(n), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent < 0) {
+        // Left for the data path; what the PROXY reader read in part is still queued.
+        if (errno == EAGAIN || errno == EINTR) return {0, 0, false, c.proxy_in > 0};
+        return {0, errno, false};
+    }
+    ssize_t got = ::recv(c.fd[0], scratch_.data(), static_cast<size_t>(sent), MSG_DONTWAIT);
+    if (got != sent) {
+        // Bytes the upstream has, not taken from the client: relaying on would send them twice.
+        return {0, got < 0 ? errno : EIO, true};
+    }
+    c.proxy_in += static_cast<uint32_t>(sent);
+    c.proxy_out += static_cast<uint32_t>(sent);
+    return {static_cast<uint32_t>(sent), 0, false, sent < n};
+}
+
 RouteChoice HelloReader::onTimeout(Conn& c, const ListenerRt& l) {
     done(c);
     return chooseRoute(l, nullptr, InspectFailure::Timeout);

@@ -37,6 +37,14 @@ struct Inspected {
     RouteChoice choice;
 };
 
+// What forward() sent on: `bytes`, or the errno of the socket that failed.
+struct Forwarded {
+    uint32_t bytes = 0;
+    int error = 0;
+    bool on_src = false;  // the error is the client's (else the upstream's)
+    bool cut_short = false;  // the upstream took less than was queued: the rest stays queued
+};
+
 class HelloReader {
   public:
     HelloReader();
@@ -48,6 +56,11 @@ class HelloReader {
                          HelloNames* names);
     // inspect_timeout ran out: the client goes where no hello goes.
     RouteChoice onTimeout(Conn& c, const ListenerRt& l);
+    // Connected: sends on what the client has queued (the hello, what came with it or after a
+    // PROXY header) as far as the upstream takes it at once, and consumes exactly that;
+    // counted in c.proxy_in and c.proxy_out, the bytes outside the data path. For the sockmap
+    // path, before its sockets enter the map.
+    Forwarded forward(Conn& c);
 
   private:
     // The wait is over: SO_RCVLOWAT back to 1 for the data path, if it was raised.

@@ -306,7 +306,8 @@ class Collector : public prometheus::Collectable {
         Family sockmap_fallbacks(
             "zcrelay_sockmap_fallbacks_total",
             "Sockmap connections relayed by splice instead, by reason: not_established (a FIN "
-            "came first), insert_failed (the kernel refused the map update), no_record.",
+            "came first), insert_failed (the kernel refused the map update), no_record, "
+            "partly_read (a segment the relay read in part, after a PROXY header, is queued).",
             MetricType::Counter);
         Family selections("zcrelay_route_selections_total",
                           "Connections each route took (listeners with routes; the default "

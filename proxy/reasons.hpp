@@ -42,7 +42,8 @@ namespace zcrelay {
 #define ZCRELAY_SOCKMAP_FALLBACKS(X)                                                       \
     X(NotEstablished, "not_established") /* a socket had its FIN or RST already: splice */ \
     X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */   \
-    X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */
+    X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */   \
+    X(PartlyRead, "partly_read")         /* a segment the relay read in part is queued */
 
 // Why inspecting a client's first bytes for a route found no condition to match on, or no
 // route whose condition held; the default route, if any, then takes the client.
