@@ -12,6 +12,8 @@ packages=(
   libbpf-dev bpftool clang llvm clang-format
   # tests
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
+  # TLS peers of the SNI routing tests and bench: openssl s_server/s_client, certificates
+  openssl wget
   # fuzz targets (tests/fuzz): libFuzzer and the ASan/UBSan runtimes for the clang above
   libclang-rt-dev
   # benches and peers

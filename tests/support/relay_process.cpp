@@ -376,10 +376,12 @@ std::string RelayConfig::yaml() const {
     for (const auto& l : listeners) {
         os << "  - name: " << l.name << "\n";
         os << "    listen: \"" << l.listen << "\"\n";
-        if (l.cluster.empty())
-            os << "    upstream: \"" << l.upstream << "\"\n";
-        else
-            os << "    cluster: " << l.cluster << "\n";
+        if (!l.omit_target) {
+            if (l.cluster.empty())
+                os << "    upstream: \"" << l.upstream << "\"\n";
+            else
+                os << "    cluster: " << l.cluster << "\n";
+        }
         os << "    mode: " << l.mode << "\n";
         os << "    pipe_size: " << l.pipe_size << "\n";
         os << "    connect_timeout: " << l.connect_timeout << "\n";

@@ -203,6 +203,9 @@ struct ListenerSpec {
     std::string connect_timeout = "5s";
     std::string idle_timeout = "300s";
     std::string extra_yaml;  // more keys for this listener, already indented by 4 spaces
+    // Write neither `upstream:` nor `cluster:`: the listener names its targets in extra_yaml
+    // (`routes:` without a default route, for one).
+    bool omit_target = false;
 };
 
 struct RelayConfig {
