@@ -59,6 +59,10 @@ void checkAnswer(const Parse& p, std::span<const uint8_t> input, size_t max_size
         case Status::Incomplete:
             check(p.need > input.size());
             check(p.need <= bound);
+            // Where the hello can end at the earliest: never before the next step, never past
+            // the cap (a reader waiting there with SO_RCVLOWAT would wait for nothing).
+            check(p.wake >= p.need);
+            check(p.wake <= bound);
             break;
         case Status::Complete: {
             check(input.size() >= kMinHelloLength && bound >= kMinHelloLength);

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/haproxy.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -399,89 +400,35 @@ INSTANTIATE_TEST_SUITE_P(Modes, SendProxyOverrideTest, ::testing::ValuesIn(kMode
 // =============================================================================================
 // 2. Cross-check with HAProxy: the same backend settings must produce the same header.
 
-// True when /proc/net/tcp{,6} lists a socket in LISTEN (state 0A) on loopback port `port`.
-bool listeningOn(int family, uint16_t port) {
-    std::ifstream f(family == AF_INET6 ? "/proc/net/tcp6" : "/proc/net/tcp");
-    std::string line;
-    std::getline(f, line);  // header
-    for (int i = 0; i < 100'000 && std::getline(f, line); ++i) {
-        std::istringstream fields(line);
-        std::string sl, local, remote, state;
-        if (!(fields >> sl >> local >> remote >> state)) continue;
-        size_t colon = local.rfind(':');
-        if (colon == std::string::npos || state != "0A") continue;
-        if (std::stoul(local.substr(colon + 1), nullptr, 16) == port) return true;
-    }
-    return false;
-}
-
-// haproxy -f CONFIG -db in a temp dir: one tcp frontend on a loopback port, one server. Only the
-// PID it started is ever signalled.
+// haproxy with one tcp frontend on a loopback port and one server (tests/support/haproxy.hpp).
 class Haproxy {
   public:
-    explicit Haproxy(std::string binary) : binary_(std::move(binary)) {}
-    ~Haproxy() { stop(); }
+    explicit Haproxy(std::string binary) : process_(std::move(binary)) {}
 
     ::testing::AssertionResult start(int family, const std::string& server_line) {
-        // haproxy cannot report a port the kernel picked: reserve one, release it, bind it.
-        // Another process could take it in between, so a failed start retries on a new port.
-        std::string why;
-        for (int attempt = 0; attempt < 3; ++attempt) {
-            Listening probe = listenLoopback(family);
-            if (!probe.fd) return ::testing::AssertionFailure() << probe.error;
-            port_ = probe.port;
-            probe.fd.reset();
-            std::string config =
-                "global\n"
-                "    maxconn 64\n"
-                "defaults\n"
-                "    mode tcp\n"
-                "    timeout connect 5s\n"
-                "    timeout client 30s\n"
-                "    timeout server 30s\n"
-                "frontend fe\n"
-                "    bind " +
-                loopbackHostPort(family, port_) +
-                "\n"
-                "    default_backend be\n"
-                "backend be\n"
-                "    " +
-                server_line + "\n";
-            std::string path = dir_.writeFile("haproxy.cfg", config);
-            child_ = std::make_unique<ChildProcess>();
-            ChildProcess::Options opts;
-            opts.argv = {binary_, "-f", path, "-db"};
-            opts.stdout_path = dir_.file("haproxy.out");
-            opts.stderr_path = dir_.file("haproxy.err");
-            std::string error;
-            if (!child_->spawn(opts, error))
-                return ::testing::AssertionFailure() << "spawn haproxy: " << error;
-            bool up = waitUntil([&] { return !child_->running() || listeningOn(family, port_); },
-                                Millis{10'000});
-            if (up && child_->running()) return ::testing::AssertionSuccess();
-            why = "haproxy did not listen on port " + std::to_string(port_) +
-                  "; stderr: " + fileTail(dir_.file("haproxy.err"));
-            stop();
-        }
-        return ::testing::AssertionFailure() << why;
+        return process_.start(family, [&](const std::string& bind) {
+            return "global\n"
+                   "    maxconn 64\n"
+                   "defaults\n"
+                   "    mode tcp\n"
+                   "    timeout connect 5s\n"
+                   "    timeout client 30s\n"
+                   "    timeout server 30s\n"
+                   "frontend fe\n"
+                   "    bind " +
+                   bind +
+                   "\n"
+                   "    default_backend be\n"
+                   "backend be\n"
+                   "    " +
+                   server_line + "\n";
+        });
     }
-
-    void stop() {
-        if (!child_) return;
-        if (child_->running()) {
-            child_->sendSignal(SIGTERM);  // hard stop: close everything now
-            if (!child_->waitExit(Millis{5'000})) child_->killAndWait();
-        }
-        child_.reset();
-    }
-
-    uint16_t port() const { return port_; }
+    void stop() { process_.stop(); }
+    uint16_t port() const { return process_.port(); }
 
   private:
-    std::string binary_;
-    TempDir dir_;
-    std::unique_ptr<ChildProcess> child_;
-    uint16_t port_ = 0;
+    HaproxyProcess process_;
 };
 
 // Where a header names the ports: [src_port, dst_port] as byte offsets (v2) or token indexes (v1).

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "support/json.hpp"
+#include "support/haproxy.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -1446,103 +1447,51 @@ INSTANTIATE_TEST_SUITE_P(Modes, ProxyTlsTest, ::testing::ValuesIn(kModes), modeN
 // 6. HAProxy cross-check: the same hellos through HAProxy 2.6 (req.ssl_sni content switching)
 // and through zcrelay with the same routes, each to capture backends of its own.
 
-// True when /proc/net/tcp lists a socket in LISTEN (state 0A) on loopback port `port`.
-bool listeningOn(uint16_t port) {
-    std::ifstream f("/proc/net/tcp");
-    std::string line;
-    std::getline(f, line);  // header
-    for (int i = 0; i < 100'000 && std::getline(f, line); ++i) {
-        std::istringstream fields(line);
-        std::string sl, local, remote, state;
-        if (!(fields >> sl >> local >> remote >> state)) continue;
-        size_t colon = local.rfind(':');
-        if (colon == std::string::npos || state != "0A") continue;
-        if (std::stoul(local.substr(colon + 1), nullptr, 16) == port) return true;
-    }
-    return false;
-}
-
-// haproxy -f CONFIG -db in a temp dir: one tcp frontend on a loopback port routing like kRoutes.
-// Only the PID it started is ever signalled.
+// haproxy with one tcp frontend on a loopback port routing like kRoutes
+// (tests/support/haproxy.hpp).
 class HaproxyRouter {
   public:
-    explicit HaproxyRouter(std::string binary) : binary_(std::move(binary)) {}
-    ~HaproxyRouter() { stop(); }
+    explicit HaproxyRouter(std::string binary) : process_(std::move(binary)) {}
 
     ::testing::AssertionResult start(const ClusterAddrs& to) {
-        std::string why;
-        for (int attempt = 0; attempt < 3; ++attempt) {
-            // haproxy cannot report a port the kernel picked: reserve one, release it, bind it.
-            Listening probe = listenLoopback(AF_INET);
-            if (!probe.fd) return ::testing::AssertionFailure() << probe.error;
-            port_ = probe.port;
-            probe.fd.reset();
-            // The frontend waits for a whole ClientHello, as zcrelay does; its buffer, like
-            // zcrelay's inspect_max_size here, holds 64 KiB. The ACLs say what kRoutes says:
-            // -i for case; a regex for "exactly one label"; ALPN alone.
-            std::string config =
-                "global\n"
-                "    maxconn 64\n"
-                "    tune.bufsize 65536\n"
-                "defaults\n"
-                "    mode tcp\n"
-                "    timeout connect 5s\n"
-                "    timeout client 30s\n"
-                "    timeout server 30s\n"
-                "frontend fe\n"
-                "    bind 127.0.0.1:" +
-                std::to_string(port_) +
-                "\n"
-                "    tcp-request inspect-delay 5s\n"
-                "    tcp-request content accept if { req.ssl_hello_type 1 }\n"
-                "    use_backend api if { req.ssl_sni -i api.example.test }\n"
-                "    use_backend apps if { req.ssl_sni -m reg -i ^[^.]+\\.apps\\.example\\.test$ } "
-                "{ req.ssl_alpn h2 http/1.1 }\n"
-                "    use_backend apps if { req.ssl_alpn acme-tls/1 }\n"
-                "    default_backend fallback\n"
-                "backend api\n    server s1 " +
-                to.api +
-                "\n"
-                "backend apps\n    server s1 " +
-                to.apps +
-                "\n"
-                "backend fallback\n    server s1 " +
-                to.fallback + "\n";
-            std::string path = dir_.writeFile("haproxy.cfg", config);
-            child_ = std::make_unique<ChildProcess>();
-            ChildProcess::Options opts;
-            opts.argv = {binary_, "-f", path, "-db"};
-            opts.stdout_path = dir_.file("haproxy.out");
-            opts.stderr_path = dir_.file("haproxy.err");
-            std::string error;
-            if (!child_->spawn(opts, error))
-                return ::testing::AssertionFailure() << "spawn haproxy: " << error;
-            bool up =
-                waitUntil([&] { return !child_->running() || listeningOn(port_); }, Millis{10'000});
-            if (up && child_->running()) return ::testing::AssertionSuccess();
-            why = "haproxy did not listen on port " + std::to_string(port_) +
-                  "; stderr: " + fileTail(dir_.file("haproxy.err"));
-            stop();
-        }
-        return ::testing::AssertionFailure() << why;
+        // The frontend waits for a whole ClientHello, as zcrelay does; its buffer, like
+        // zcrelay's inspect_max_size here, holds 64 KiB. The ACLs say what kRoutes says:
+        // -i for case; a regex for "exactly one label"; ALPN alone.
+        return process_.start(AF_INET, [&](const std::string& bind) {
+            return "global\n"
+                   "    maxconn 64\n"
+                   "    tune.bufsize 65536\n"
+                   "defaults\n"
+                   "    mode tcp\n"
+                   "    timeout connect 5s\n"
+                   "    timeout client 30s\n"
+                   "    timeout server 30s\n"
+                   "frontend fe\n"
+                   "    bind " +
+                   bind +
+                   "\n"
+                   "    tcp-request inspect-delay 5s\n"
+                   "    tcp-request content accept if { req.ssl_hello_type 1 }\n"
+                   "    use_backend api if { req.ssl_sni -i api.example.test }\n"
+                   "    use_backend apps if { req.ssl_sni -m reg -i "
+                   "^[^.]+\\.apps\\.example\\.test$ } { req.ssl_alpn h2 http/1.1 }\n"
+                   "    use_backend apps if { req.ssl_alpn acme-tls/1 }\n"
+                   "    default_backend fallback\n"
+                   "backend api\n    server s1 " +
+                   to.api +
+                   "\n"
+                   "backend apps\n    server s1 " +
+                   to.apps +
+                   "\n"
+                   "backend fallback\n    server s1 " +
+                   to.fallback + "\n";
+        });
     }
-
-    void stop() {
-        if (!child_) return;
-        if (child_->running()) {
-            child_->sendSignal(SIGTERM);
-            if (!child_->waitExit(Millis{5'000})) child_->killAndWait();
-        }
-        child_.reset();
-    }
-
-    uint16_t port() const { return port_; }
+    void stop() { process_.stop(); }
+    uint16_t port() const { return process_.port(); }
 
   private:
-    std::string binary_;
-    TempDir dir_;
-    std::unique_ptr<ChildProcess> child_;
-    uint16_t port_ = 0;
+    HaproxyProcess process_;
 };
 
 struct CrossHello {
