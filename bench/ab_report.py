@@ -20,11 +20,12 @@ from datetime import datetime, timezone
 
 # Metrics taken from every record: (field, label, unit or None for the record's own, better).
 # The headline value is "median", in the record's unit.
-HIGHER_UNITS = {"MB/s", "MiB/s", "conn/s", "req/s", "pass"}
+HIGHER_UNITS = {"MB/s", "MiB/s", "conn/s", "req/s", "handshakes/s", "pass"}
 LOWER_UNITS = {"B/conn", "s", "s/GB", "us", "µs", "KiB"}
 EXTRA = [
     ("relay_cpu_s_per_gb", "relay CPU", "s/GB", "lower"),
     ("relay_cpu_s", "relay CPU (whole workload)", "s", "lower"),
+    ("relay_cpu_us_per_conn", "relay CPU", "µs/conn", "lower"),
     ("p50_us", "p50", "µs", "lower"),
     ("p99_us", "p99", "µs", "lower"),
     ("p999_us", "p99.9", "µs", "lower"),
@@ -33,7 +34,8 @@ EXTRA = [
 # Workloads in bench/run's order; stderr.log lines that end a cell of each.
 LOG_PREFIX = [("halfclose ", "halfclose"), ("nc upload ", "upload"),
               ("nc download ", "download"), ("bulk ", "bulk"), ("connrate ", "connrate"),
-              ("pingpong ", "pingpong"), ("http ", "http"), ("idle ", "idle")]
+              ("pingpong ", "pingpong"), ("http ", "http"), ("idle ", "idle"),
+              ("sni ", "sni")]
 
 
 def read_tsv(path):

@@ -5,7 +5,12 @@ where the records carry them, latency percentiles and relay CPU per GB.
 
 --summary: one table instead, a row per relay and a column per headline measurement (the
 README's table); a cell is the median, "failed" when every run failed, "-" when not run.
+
+--sni: what inspecting the ClientHello costs zcrelay (the sni workload): per mode, relay CPU µs
+per connection with routes and without (a `cluster:` listener), median [min..max] over the
+runs, and their ratio against the goal (inspection adds under 10 %).
 Standard library only."""
+import fnmatch
 import json
 import sys
 
@@ -26,6 +31,8 @@ SUMMARY = [
     ("ping-pong 100 conns req/s", "pingpong", "100conn-64B", "median", "{:.0f}"),
     ("HTTP req/s", "http", "1KiB-50conns", "median", "{:.0f}"),
     ("idle B/conn", "idle", "*", "median", "{:.0f}"),
+    ("SNI handshakes/s (relay CPU µs/conn)", "sni", "handshake-*conns", "median+us", "{:.0f}"),
+    ("SNI 1 MiB downloads MB/s (CPU s/GB)", "sni", "1MiB-*", "median+cpu", "{:.0f}"),
 ]
 
 
@@ -39,6 +46,9 @@ def summary_cell(r, field, fmt):
     if field == "median+cpu":
         cpu = r.get("relay_cpu_s_per_gb")
         return fmt.format(r["median"]) + ("" if cpu is None else f" ({cpu:.2f})")
+    if field == "median+us":
+        us = r.get("relay_cpu_us_per_conn")
+        return fmt.format(r["median"]) + ("" if us is None else f" ({us:.0f})")
     if field == "p50+p99":
         return f"{num(r.get('p50_us'))} / {num(r.get('p99_us'))}"
     return fmt.format(r["median"])
@@ -56,7 +66,7 @@ def summary(recs):
         cells = []
         for _, workload, param, field, fmt in cols:
             r = next((x for x in recs if x["relay"] == relay and x["workload"] == workload
-                      and (param == "*" or x["param"] == param)), None)
+                      and fnmatch.fnmatchcase(x["param"], param)), None)
             cells.append(summary_cell(r, field, fmt))
         print(f"| {relay} | " + " | ".join(cells) + " |")
 
@@ -74,12 +84,18 @@ def main(path, only_summary=False):
         rows = [r for r in recs if (r["workload"], r["param"]) == (workload, param)]
         latency = any("p99_us" in r for r in rows)
         per_gb = any("relay_cpu_s_per_gb" in r for r in rows)
+        per_conn = any("relay_cpu_us_per_conn" in r for r in rows)
+        busy = any("load_cpu_busy_pct" in r for r in rows)
         print(f"#### {workload} {param} ({rows[0]['unit']})\n")
         cols = ["relay", "median (min–max)", "ok/runs", "relay CPU s", "peak RSS KiB"]
         if latency:
             cols.append("p50 / p99 / p99.9 µs")
         if per_gb:
             cols.append("relay CPU s/GB")
+        if per_conn:
+            cols.append("relay CPU µs/conn (min–max)")
+        if busy:
+            cols += ["relay's CPU busy %", "load CPU busy %", "other processes % CPU (max)"]
         print("| " + " | ".join(cols) + " |")
         print("|" + "---|" * len(cols))
         for r in rows:
@@ -91,12 +107,66 @@ def main(path, only_summary=False):
                              f"{num(r.get('p999_us'))}")
             if per_gb:
                 cells.append(num(r.get("relay_cpu_s_per_gb"), "{:.3f}"))
+            if per_conn:
+                cells.append(f"{num(r.get('relay_cpu_us_per_conn'))} "
+                             f"({num(r.get('relay_cpu_us_per_conn_min'))}–"
+                             f"{num(r.get('relay_cpu_us_per_conn_max'))})"
+                             if r.get("relay_cpu_us_per_conn") is not None else "-")
+            if busy:
+                cells += [num(r.get("relay_busy_pct"), "{:.0f}"),
+                          num(r.get("load_cpu_busy_pct"), "{:.0f}"),
+                          f"{num(r.get('other_cpu_pct'))} ({num(r.get('other_cpu_pct_max'))})"]
             print("| " + " | ".join(cells) + " |")
         print()
 
 
+SNI_GOAL = 1.10   # with routes / without, relay CPU per connection
+
+
+def sni_inspection(path):
+    """zcrelay's relay CPU per connection in the sni handshake cell, with routes against the
+    same listener without routes, per mode."""
+    recs = [json.loads(line) for line in open(path) if line.strip()]
+    hs = [r for r in recs if r["workload"] == "sni" and r["param"].startswith("handshake-")]
+    rows = []
+    for r in hs:
+        if r["param"].endswith("-noroutes"):
+            continue
+        base = next((x for x in hs if x["relay"] == r["relay"]
+                     and x["param"] == r["param"] + "-noroutes"), None)
+        if base is not None:
+            rows.append((r, base))
+    if not rows:
+        print("(no zcrelay handshake records both with and without routes)")
+        return
+    print("| relay | handshakes/s with routes | without | relay CPU µs/conn with routes "
+          "(min–max) | without (min–max) | with / without | goal < "
+          f"{SNI_GOAL:g} |")
+    print("|" + "---|" * 7)
+
+    def us(r):
+        if r.get("relay_cpu_us_per_conn") is None:
+            return "-"
+        return (f"{r['relay_cpu_us_per_conn']:.1f} ({r['relay_cpu_us_per_conn_min']:.1f}–"
+                f"{r['relay_cpu_us_per_conn_max']:.1f})")
+    for r, b in rows:
+        a, z = r.get("relay_cpu_us_per_conn"), b.get("relay_cpu_us_per_conn")
+        ratio = a / z if a is not None and z else None
+        met = "n/a" if ratio is None else ("yes" if ratio < SNI_GOAL else "**no**")
+        # The range pairs one side's best run with the other's worst.
+        rng = ""
+        if ratio is not None:
+            rng = (f" ({r['relay_cpu_us_per_conn_min'] / b['relay_cpu_us_per_conn_max']:.3f}–"
+                   f"{r['relay_cpu_us_per_conn_max'] / b['relay_cpu_us_per_conn_min']:.3f})")
+        print(f"| {r['relay']} | {num(r['median'], '{:.0f}')} | {num(b['median'], '{:.0f}')} | "
+              f"{us(r)} | {us(b)} | {num(ratio, '{:.3f}')}{rng} | {met} |")
+    print()
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--sni"] and len(args) == 2:
+        sys.exit(sni_inspection(args[1]))
     want_summary = args[:1] == ["--summary"]
     if want_summary:
         args = args[1:]

@@ -510,6 +510,9 @@ def metric_value(r, metric):
         return cpu_per_gb(r)
     if metric in ("p50", "p99", "p999"):
         return percentile(r, metric)
+    if metric == "cpu_per_conn":
+        v = r.get("relay_cpu_us_per_conn")
+        return None if v is None else float(v)
     raise ValueError(metric)
 
 
@@ -522,6 +525,8 @@ def metrics_of(r):
         out.append(("median", f"{unit} (median)", True))
         if BYTE_RATE.match(unit) and cpu_per_gb(r) is not None:
             out.append(("cpu_per_gb", "relay CPU s/GB", False))
+        if r.get("relay_cpu_us_per_conn") is not None:
+            out.append(("cpu_per_conn", "relay CPU µs/conn", False))
     elif kind in ("latency", "memory"):
         out.append(("median", f"{unit} (median)", False))
     if percentile(r, "p99") is not None:
