@@ -950,11 +950,8 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
                 }
             }
         }
-        const std::string default_cluster = has_upstream ? listener.name : listener.cluster;
-        if (!default_cluster.empty() &&
-            std::all_of(listener.routes.begin(), listener.routes.end(),
-                        [](const RouteConfig& r) { return r.conditional(); })) {
-            // The listener's cluster becomes the last route, named after the cluster.
+        if (const std::string_view default_cluster = implicitDefaultRoute(listener);
+            !default_cluster.empty()) {
             for (size_t r = 0; r < listener.routes.size(); ++r) {
                 if (listener.routes[r].name == default_cluster) {
                     fail(whereOf(source, node, path + ".routes[" + std::to_string(r) + "]"),
@@ -1349,6 +1346,16 @@ std::vector<ClusterConfig> clustersOf(const Config& config) {
         }
     }
     return clusters;
+}
+
+std::string_view implicitDefaultRoute(const ListenerConfig& listener) {
+    if (listener.routes.empty() ||
+        std::any_of(listener.routes.begin(), listener.routes.end(),
+                    [](const RouteConfig& r) { return !r.conditional(); }))
+        return {};
+    if (!listener.cluster.empty()) return listener.cluster;
+    // `upstream:` makes a cluster named after the listener (clustersOf).
+    return listener.upstream.length != 0 ? std::string_view(listener.name) : std::string_view();
 }
 
 size_t clusterNamed(const Config& config, std::string_view name) {

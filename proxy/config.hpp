@@ -198,6 +198,10 @@ inline constexpr size_t kNoCluster = SIZE_MAX;
 size_t clusterIndex(const Config& config, size_t listener);
 // The index in clustersOf(c) of the declared cluster `name` (checked at load: it exists).
 size_t clusterNamed(const Config& config, std::string_view name);
+// With routes: the cluster of the default route the listener's `cluster` or `upstream` adds
+// after them (the route is named after it), or "" when it adds none (neither key, or a route
+// without a condition is the default already).
+std::string_view implicitDefaultRoute(const ListenerConfig& listener);
 
 // Thrown only while loading; main() catches it. what() reads e.g.
 //   "config.yaml:7:5: listeners[0].pipe_size: \"32MiB\" is out of range (4KiB..16MiB)"

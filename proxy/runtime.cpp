@@ -76,14 +76,11 @@ std::shared_ptr<const Runtime> Runtime::build(Config config, const Runtime* prev
         l.shared = old ? old->shared : std::make_shared<ListenerShared>(workers);
         for (const RouteConfig& rc : l.config.routes)
             l.routes.push_back({rc, static_cast<uint32_t>(clusterNamed(config, rc.cluster)), {}});
-        if (l.inspects() && l.cluster != ListenerRt::kNoRoute &&
-            std::all_of(l.routes.begin(), l.routes.end(),
-                        [](const RouteRt& r) { return r.config.conditional(); })) {
+        if (std::string_view fallback = implicitDefaultRoute(l.config); !fallback.empty()) {
             // The listener's own cluster is the default route, after every routes entry.
-            RouteConfig fallback;
-            fallback.cluster = clustersOf(config)[l.cluster].name;
-            fallback.name = fallback.cluster;
-            l.routes.push_back({std::move(fallback), l.cluster, {}});
+            RouteConfig route;
+            route.cluster = route.name = std::string(fallback);
+            l.routes.push_back({std::move(route), l.cluster, {}});
         }
         for (size_t r = 0; r < l.routes.size(); ++r) {
             RouteRt& route = l.routes[r];

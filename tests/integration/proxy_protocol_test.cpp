@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/bytes.hpp"
 #include "support/haproxy.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -96,11 +97,6 @@ std::string v1Header(const Endpoint& src, const Endpoint& dst) {
 
 const std::string kV2Signature("\r\n\r\n\0\r\nQUIT\n", 12);
 
-void putBe16(std::string& out, uint16_t v) {
-    out.push_back(static_cast<char>(v >> 8));
-    out.push_back(static_cast<char>(v & 0xff));
-}
-
 // The 16-byte fixed part: signature, version 2 | command, family | protocol, block length.
 std::string v2Fixed(uint8_t version_command, uint8_t family_protocol, uint16_t length) {
     std::string h = kV2Signature;
@@ -126,17 +122,6 @@ std::string tlv(uint8_t type, const std::string& value) {
     std::string t(1, static_cast<char>(type));
     putBe16(t, static_cast<uint16_t>(value.size()));
     return t + value;
-}
-
-std::string hex(const std::string& s, size_t max = 160) {
-    std::string out;
-    char buf[4];
-    for (size_t i = 0; i < s.size() && i < max; ++i) {
-        std::snprintf(buf, sizeof buf, "%02x ", static_cast<uint8_t>(s[i]));
-        out += buf;
-    }
-    if (s.size() > max) out += "...";
-    return out + "(" + std::to_string(s.size()) + " bytes)";
 }
 
 // ---------------------------------------------------------------------------------------------

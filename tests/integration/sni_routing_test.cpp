@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "support/json.hpp"
+#include "support/bytes.hpp"
 #include "support/haproxy.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -91,21 +92,6 @@ uint16_t be16(const std::string& s, size_t at) {
 }
 uint32_t be24(const std::string& s, size_t at) {
     return static_cast<uint32_t>(static_cast<uint8_t>(s[at])) << 16 | be16(s, at + 1);
-}
-void putBe16(std::string& out, size_t v) {
-    out.push_back(static_cast<char>((v >> 8) & 0xff));
-    out.push_back(static_cast<char>(v & 0xff));
-}
-
-std::string hex(const std::string& s, size_t max = 96) {
-    std::string out;
-    char buf[4];
-    for (size_t i = 0; i < s.size() && i < max; ++i) {
-        std::snprintf(buf, sizeof buf, "%02x ", static_cast<uint8_t>(s[i]));
-        out += buf;
-    }
-    if (s.size() > max) out += "...";
-    return out + "(" + std::to_string(s.size()) + " bytes)";
 }
 
 // Where two byte strings first differ, for failure messages.
@@ -160,7 +146,7 @@ std::string frame(const std::string& message, const std::vector<size_t>& sizes) 
     size_t at = 0;
     auto record = [&](size_t n) {
         out += std::string("\x16\x03\x01", 3);
-        putBe16(out, n);
+        putBe16(out, static_cast<uint16_t>(n));
         out.append(message, at, n);
         at += n;
     };
