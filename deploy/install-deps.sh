@@ -14,6 +14,9 @@ packages=(
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
   # TLS peers of the SNI routing tests and bench: openssl s_server/s_client, certificates
   openssl wget
+  # DNS discovery: the c-ares resolver library, and the real DNS server (dnsmasq) and dig the
+  # discovery tests and bench run on loopback
+  libc-ares-dev dnsmasq-base bind9-dnsutils
   # fuzz targets (tests/fuzz): libFuzzer and the ASan/UBSan runtimes for the clang above
   libclang-rt-dev
   # benches and peers

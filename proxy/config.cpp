@@ -1,6 +1,8 @@
 #include "config.hpp"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -94,6 +96,28 @@ struct Choices<AccessLogFormat> {
     static std::string_view name(AccessLogFormat f) { return logFormatName(f); }
 };
 
+template <>
+struct Choices<AddressFamilies> {
+    static constexpr std::string_view noun = "family";
+    static constexpr std::array values = {AddressFamilies::Any, AddressFamilies::Ipv4,
+                                          AddressFamilies::Ipv6};
+    static std::string_view name(AddressFamilies f) { return familiesName(f); }
+};
+template <>
+struct Choices<AfterHold> {
+    static constexpr std::string_view noun = "choice of after_hold";
+    static constexpr std::array values = {AfterHold::Empty, AfterHold::Keep};
+    static std::string_view name(AfterHold a) { return a == AfterHold::Empty ? "empty" : "keep"; }
+};
+template <>
+struct Choices<StartupPolicy> {
+    static constexpr std::string_view noun = "choice of startup";
+    static constexpr std::array values = {StartupPolicy::Fail, StartupPolicy::Empty};
+    static std::string_view name(StartupPolicy p) {
+        return p == StartupPolicy::Fail ? "fail" : "empty";
+    }
+};
+
 template <class E>
 std::string choiceList() {
     std::string names;
@@ -109,6 +133,7 @@ enum class Kind { Count, Duration, Size, Address, OptionalAddress, Choice, Name,
 template <class T>
 using Member = std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*,
                             Mode T::*, ProxyVersion T::*, Balance T::*, AccessLogFormat T::*,
+                            AddressFamilies T::*, AfterHold T::*, StartupPolicy T::*,
                             std::string T::*, bool T::*>;
 
 // One config key. The parser, renderConfig() and defaultConfigYaml() (the example config) all
@@ -313,6 +338,132 @@ const Key<ClusterConfig> kClusterKeys[] = {
      .kind = Kind::OptionalAddress,
      .member = &ClusterConfig::source,
      .help = "local address of upstream sockets; port 0 = any port (IP_BIND_ADDRESS_NO_PORT)"},
+};
+
+const Key<DiscoveryConfig> kDiscoveryKeys[] = {
+    {.name = "dns",
+     .kind = Kind::Text,
+     .member = &DiscoveryConfig::dns,
+     .max = 254,
+     .help = "a name whose A/AAAA addresses are the backends, at `port` (search domains and "
+             "ndots apply; a trailing dot makes it absolute)"},
+    {.name = "srv",
+     .kind = Kind::Text,
+     .member = &DiscoveryConfig::srv,
+     .max = 254,
+     .help = "or an SRV name (_http._tcp.web.default.svc.cluster.local): its targets at their "
+             "ports and weights; only the lowest priority present is used"},
+    {.name = "port",
+     .kind = Kind::Count,
+     .member = &DiscoveryConfig::port,
+     .fallback = "0",
+     .max = 65535,
+     .help = "with dns: the backends' port (required); with srv: not set"},
+    {.name = "family",
+     .kind = Kind::Choice,
+     .member = &DiscoveryConfig::family,
+     .fallback = "any",
+     .help = "any: A and AAAA; ipv4: A only; ipv6: AAAA only"},
+    {.name = "weight",
+     .kind = Kind::Count,
+     .member = &DiscoveryConfig::weight,
+     .fallback = "1",
+     .min = 1,
+     .max = 256,
+     .help = "of each backend from dns (SRV weights are the records', clamped to 1..256)"},
+    {.name = "refresh_min",
+     .kind = Kind::Duration,
+     .member = &DiscoveryConfig::refresh_min,
+     .fallback = "1s",
+     .min = ms(100ms),
+     .max = ms(1h),
+     .help = "the name is asked again when its TTL runs out, but never sooner than this (TTL 0 "
+             "included), and this soon after a failure"},
+    {.name = "refresh_max",
+     .kind = Kind::Duration,
+     .member = &DiscoveryConfig::refresh_max,
+     .fallback = "30s",
+     .min = ms(100ms),
+     .max = ms(24h),
+     .help = "and never later than this, whatever the TTL"},
+    {.name = "hold",
+     .kind = Kind::Duration,
+     .member = &DiscoveryConfig::hold,
+     .fallback = "30s",
+     .max = ms(24h * 7),
+     .help = "while the name fails (timeout, SERVFAIL, NXDOMAIN, no records), the last good set "
+             "keeps serving this long"},
+    {.name = "after_hold",
+     .kind = Kind::Choice,
+     .member = &DiscoveryConfig::after_hold,
+     .fallback = "empty",
+     .help = "then: empty = no backends (no new connections, /readyz 503); keep = the last good "
+             "set, until the name resolves again"},
+    {.name = "startup",
+     .kind = Kind::Choice,
+     .member = &DiscoveryConfig::startup,
+     .fallback = "fail",
+     .help = "a name that does not resolve at start: fail = the relay does not start; empty = it "
+             "starts with no backends and keeps asking"},
+    {.name = "max_backends",
+     .kind = Kind::Count,
+     .member = &DiscoveryConfig::max_backends,
+     .fallback = "64",
+     .min = 1,
+     .max = 1024,
+     .help = "at most this many backends from the answer (the lowest addresses); bounds the "
+             "`backend` label's values too"},
+};
+
+const Key<ResolversConfig> kResolversKeys[] = {
+    {.name = "resolv_conf",
+     .kind = Kind::Text,
+     .member = &ResolversConfig::resolv_conf,
+     .fallback = "/etc/resolv.conf",
+     .max = 4096,
+     .help = "search domains, ndots, and the nameservers unless `nameservers` lists them"},
+    {.name = "timeout",
+     .kind = Kind::Duration,
+     .member = &ResolversConfig::timeout,
+     .fallback = "1s",
+     .min = ms(10ms),
+     .max = ms(60s),
+     .help = "for an answer to one query from one nameserver"},
+    {.name = "attempts",
+     .kind = Kind::Count,
+     .member = &ResolversConfig::attempts,
+     .fallback = "3",
+     .min = 1,
+     .max = 10,
+     .help = "tries of each nameserver before the query fails"},
+};
+
+const Key<AdminConfig> kAdminKeys[] = {
+    {.name = "listen",
+     .kind = Kind::OptionalAddress,
+     .member = &AdminConfig::listen,
+     .fallback = "",
+     .help = "the runtime API (JSON over HTTP): 127.0.0.1:9101 or unix:/run/zcrelay/admin.sock; "
+             "\"\" = off. Not loopback or unix: token_file is required"},
+    {.name = "token_file",
+     .kind = Kind::Text,
+     .member = &AdminConfig::token_file,
+     .max = 4096,
+     .help = "a file whose first line is the bearer token every request must carry; \"\" = none"},
+    {.name = "request_timeout",
+     .kind = Kind::Duration,
+     .member = &AdminConfig::request_timeout,
+     .fallback = "5s",
+     .min = ms(10ms),
+     .max = ms(10min),
+     .help = "a whole request, a response, or a keep-alive wait may take this long"},
+    {.name = "max_connections",
+     .kind = Kind::Count,
+     .member = &AdminConfig::max_connections,
+     .fallback = "16",
+     .min = 1,
+     .max = 1024,
+     .help = "open at once; past it the oldest idle one is closed"},
 };
 
 const Key<MetricsConfig> kMetricsKeys[] = {
@@ -754,14 +905,115 @@ void checkTcpAddress(std::string_view source, const YAML::Node& map, const char*
     }
 }
 
+// A DNS name as a resolver takes it: labels of letters, digits, '-' and '_' (SRV's
+// _service._proto), 1 to 63 bytes each, 253 in all, an optional trailing dot (absolute: no
+// search domain is tried).
+bool validDnsName(std::string_view name) {
+    if (name.empty() || name.size() > 254 || (name.size() == 254 && name.back() != '.'))
+        return false;
+    if (name.back() == '.') name.remove_suffix(1);
+    size_t label = 0;
+    for (const char c : name) {
+        if (c == '.') {
+            if (label == 0) return false;
+            label = 0;
+            continue;
+        }
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                        (c >= '0' && c <= '9') || c == '-' || c == '_';
+        if (!ok || ++label > 63) return false;
+    }
+    return label > 0;
+}
+
+void parseDiscovery(std::string_view source, const YAML::Node& node, const std::string& path,
+                    ClusterConfig& cluster) {
+    if (!node.IsMap()) fail(whereOf(source, node, path), "expected a map, got " + typeName(node));
+    DiscoveryConfig& d = cluster.discovery;
+    parseMap<DiscoveryConfig>(source, node, path + ".", kDiscoveryKeys, d);
+    if (d.dns.empty() == d.srv.empty()) {
+        fail(whereOf(source, node, path),
+             d.dns.empty() ? "needs `dns` (a name with `port`) or `srv` (an SRV name)"
+                           : "has both `dns` and `srv`; a cluster follows one name");
+    }
+    const char* key = d.dns.empty() ? "srv" : "dns";
+    if (!validDnsName(d.name())) {
+        fail(whereOfKey(source, node, key, path + "." + key),
+             quoted(d.name()) + " is not a DNS name (labels of [A-Za-z0-9_-], 1 to 63 bytes; 253 in all)");
+    }
+    if (!d.dns.empty() && d.port == 0)
+        fail(whereOfKey(source, node, "port", path + ".port"),
+             "missing: dns names addresses, `port` says where on them to connect");
+    if (!d.srv.empty() && d.port != 0)
+        fail(whereOfKey(source, node, "port", path + ".port"),
+             "is set with srv, whose records carry their own ports; remove it");
+    if (d.refresh_min > d.refresh_max)
+        fail(whereOfKey(source, node, "refresh_max", path + ".refresh_max"),
+             formatDuration(d.refresh_max) + " is below refresh_min " +
+                 formatDuration(d.refresh_min));
+    if (!d.srv.empty() && node["weight"].IsDefined())
+        fail(whereOfKey(source, node, "weight", path + ".weight"),
+             "is set with srv, whose records carry their own weights; remove it");
+}
+
+void parseResolvers(std::string_view source, const std::map<std::string, YAML::Node>& nested,
+                    ResolversConfig& resolvers) {
+    const auto inner = parseNestedMap<ResolversConfig>(source, nested, "resolvers", "resolvers",
+                                                       kResolversKeys, resolvers, {"nameservers"});
+    const auto list = inner.find("nameservers");
+    if (list == inner.end()) return;
+    const YAML::Node& node = list->second;
+    if (!node.IsSequence() || node.size() == 0 || node.size() > 3) {
+        fail(whereOf(source, node, "resolvers.nameservers"),
+             "expected a sequence of 1 to 3 addresses such as 127.0.0.1:53, got " +
+                 typeName(node));
+    }
+    for (size_t i = 0; i < node.size(); ++i) {
+        const Where at = whereOf(source, node[i], "resolvers.nameservers[" + std::to_string(i) + "]");
+        if (!node[i].IsScalar()) fail(at, "expected an address, got " + typeName(node[i]));
+        const auto address = parseAddress(node[i].Scalar());
+        if (!address) fail(at, address.error());
+        if (address->family() == AF_UNIX) fail(at, "a nameserver is reached over UDP/TCP, not unix");
+        resolvers.nameservers.push_back(*address);
+    }
+}
+
+// The runtime API changes what the relay does: without a token only this host may reach it.
+bool loopbackOrUnix(const SocketAddress& a) {
+    if (a.family() == AF_UNIX) return true;
+    if (a.family() == AF_INET)
+        return (ntohl(reinterpret_cast<const sockaddr_in*>(a.sockaddrPtr())->sin_addr.s_addr) >>
+                24) == 127;
+    const auto& sin6 = *reinterpret_cast<const sockaddr_in6*>(a.sockaddrPtr());
+    return IN6_IS_ADDR_LOOPBACK(&sin6.sin6_addr);
+}
+
+void parseAdmin(std::string_view source, const std::map<std::string, YAML::Node>& nested,
+                AdminConfig& admin) {
+    parseNestedMap<AdminConfig>(source, nested, "admin", "admin", kAdminKeys, admin);
+    const auto it = nested.find("admin");
+    if (it == nested.end()) return;
+    if (admin.enabled() && admin.token_file.empty() && !loopbackOrUnix(admin.listen)) {
+        fail(whereOfKey(source, it->second, "listen", "admin.listen"),
+             admin.listen.toString() +
+                 " is reachable from other hosts: set admin.token_file, or listen on loopback "
+                 "or a unix socket");
+    }
+    if (!admin.enabled() && !admin.token_file.empty()) {
+        fail(whereOfKey(source, it->second, "token_file", "admin.token_file"),
+             "is set while admin.listen is off");
+    }
+}
+
 void parseClusters(std::string_view source, const YAML::Node& list, Config& config) {
     const auto items = sequenceOfMaps(source, list, "clusters", "cluster");
     for (size_t i = 0; i < items.size(); ++i) {
         const YAML::Node& node = items[i];
         const std::string path = "clusters[" + std::to_string(i) + "]";
         ClusterConfig cluster;
-        const auto nested = parseMap<ClusterConfig>(source, node, path + ".", kClusterKeys, cluster,
-                                                    {"health_check", "tcp_keepalive", "backends"});
+        const auto nested =
+            parseMap<ClusterConfig>(source, node, path + ".", kClusterKeys, cluster,
+                                    {"health_check", "tcp_keepalive", "backends", "discovery"});
         checkTcpAddress(source, node, "source", path, cluster.source);
         cluster.health_check.enabled = nested.count("health_check") > 0;
         parseNestedMap<HealthCheckConfig>(source, nested, "health_check", path + ".health_check",
@@ -769,11 +1021,20 @@ void parseClusters(std::string_view source, const YAML::Node& list, Config& conf
         parseNestedMap<KeepaliveConfig>(source, nested, "tcp_keepalive", path + ".tcp_keepalive",
                                         kKeepaliveKeys, cluster.tcp_keepalive);
         const auto backends = nested.find("backends");
-        if (backends == nested.end()) {
-            fail(whereOf(source, node, path + ".backends"), "missing required key");
+        if (const auto discovery = nested.find("discovery"); discovery != nested.end()) {
+            if (backends != nested.end()) {
+                fail(whereOf(source, backends->second, path + ".backends"),
+                     "a cluster takes its backends from `backends` or from `discovery`, not both");
+            }
+            parseDiscovery(source, discovery->second, path + ".discovery", cluster);
+        } else if (backends == nested.end()) {
+            fail(whereOf(source, node, path + ".backends"),
+                 "missing required key (or `discovery` to take them from DNS)");
         }
         const auto backend_nodes =
-            sequenceOfMaps(source, backends->second, path + ".backends", "backend");
+            backends == nested.end()
+                ? std::vector<YAML::Node>{}
+                : sequenceOfMaps(source, backends->second, path + ".backends", "backend");
         for (size_t b = 0; b < backend_nodes.size(); ++b) {
             const std::string bpath = path + ".backends[" + std::to_string(b) + "]";
             BackendConfig backend;
@@ -1121,8 +1382,11 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
                            : "expected a map of settings, got " + typeName(root));
     }
     Config config;
-    const auto nested = parseMap<Config>(source, root, "", kTopKeys, config,
-                                         {"metrics", "access_log", "clusters", "listeners"});
+    const auto nested =
+        parseMap<Config>(source, root, "", kTopKeys, config,
+                         {"metrics", "access_log", "resolvers", "admin", "clusters", "listeners"});
+    parseResolvers(source, nested, config.resolvers);
+    parseAdmin(source, nested, config.admin);
     parseNestedMap<MetricsConfig>(source, nested, "metrics", "metrics", kMetricsKeys,
                                   config.metrics);
     config.metrics.enabled = config.metrics.enabled && config.metrics.listen.length != 0;
@@ -1143,6 +1407,15 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
                  "is set while metrics are off (listen \"\" or enabled: false); probes are "
                  "served only with the endpoint on");
         }
+    }
+    if (config.admin.enabled() && config.metrics.enabled && config.admin.listen.port() != 0 &&
+        (config.admin.listen == config.metrics.listen ||
+         config.admin.listen == config.metrics.health_listen)) {
+        fail(whereOfKey(source, nested.at("admin"), "listen", "admin.listen"),
+             "is the same address as metrics." +
+                 std::string(config.admin.listen == config.metrics.listen ? "listen"
+                                                                          : "health_listen") +
+                 "; the runtime API needs its own");
     }
     parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
                                     config.access_log);
@@ -1244,6 +1517,13 @@ void renderCluster(std::string& out, const ClusterConfig& c, bool with_help) {
         renderKeys<HealthCheckConfig>(out, c.health_check, kHealthCheckKeys, with_help, "      ",
                                       "      ");
     }
+    if (c.discovery.enabled()) {
+        out += "    discovery:\n";
+        renderKeys<DiscoveryConfig>(out, c.discovery, kDiscoveryKeys, with_help, "      ", "      ",
+                                    c.discovery.dns.empty() ? "dns" : "srv",
+                                    c.discovery.dns.empty() ? "weight" : "");
+        return;
+    }
     out += "    backends:\n";
     for (const BackendConfig& b : c.backends)
         renderKeys<BackendConfig>(out, b, kBackendKeys, with_help, "        ", "      - ");
@@ -1270,6 +1550,18 @@ std::string render(const Config& config, bool with_help) {
     renderKeys<MetricsConfig>(out, config.metrics, kMetricsKeys, with_help, "  ", "  ");
     out += "access_log:\n";
     renderKeys<AccessLogConfig>(out, config.access_log, kAccessLogKeys, with_help, "  ", "  ");
+    out += "resolvers:\n";
+    if (with_help)
+        out += "  # nameservers: [\"127.0.0.1:53\"]   # up to 3; unset: resolv_conf's\n";
+    if (!config.resolvers.nameservers.empty()) {
+        out += "  nameservers: [";
+        for (size_t i = 0; i < config.resolvers.nameservers.size(); ++i)
+            out += (i ? ", " : "") + yamlQuoted(config.resolvers.nameservers[i].toString());
+        out += "]\n";
+    }
+    renderKeys<ResolversConfig>(out, config.resolvers, kResolversKeys, with_help, "  ", "  ");
+    out += "admin:\n";
+    renderKeys<AdminConfig>(out, config.admin, kAdminKeys, with_help, "  ", "  ");
     if (!config.clusters.empty()) {
         out += "clusters:\n";
         for (const ClusterConfig& c : config.clusters) renderCluster(out, c, with_help);
@@ -1283,6 +1575,13 @@ std::string render(const Config& config, bool with_help) {
         sample.backends.push_back({parseAddress("127.0.0.1:9002").value(), 1, ProxyVersion::Off});
         std::string block = "clusters:\n";
         renderCluster(block, sample, true);
+        ClusterConfig discovered;
+        discovered.name = "web";
+        discovered.balance = Balance::LeastConn;
+        discovered.discovery.dns = "web.default.svc.cluster.local";
+        discovered.discovery.port = 8080;
+        block += "  # Or the backends are a DNS name's addresses (A/AAAA), or its SRV records':\n";
+        renderCluster(block, discovered, true);
         out += "# A listener names a cluster of backends instead of one `upstream`:\n";
         for (size_t at = 0; at < block.size();) {
             const size_t end = block.find('\n', at);
@@ -1327,6 +1626,18 @@ std::string_view proxyVersionName(ProxyVersion v) {
             return "v1";
         case ProxyVersion::V2:
             return "v2";
+    }
+    return "?";
+}
+
+std::string_view familiesName(AddressFamilies f) {
+    switch (f) {
+        case AddressFamilies::Any:
+            return "any";
+        case AddressFamilies::Ipv4:
+            return "ipv4";
+        case AddressFamilies::Ipv6:
+            return "ipv6";
     }
     return "?";
 }

@@ -60,6 +60,38 @@ struct BackendConfig {
     bool operator==(const BackendConfig&) const = default;
 };
 
+// Where a discovered cluster's backends come from: the addresses (A/AAAA) of `dns`, each at
+// `port`, or the targets of the SRV records of `srv` at their ports and weights. Resolved by
+// discovery.hpp on its own thread; the set is refreshed when the answer's TTL runs out,
+// within [refresh_min, refresh_max].
+enum class AddressFamilies : uint8_t { Any, Ipv4, Ipv6 };  // which of A and AAAA are asked
+// What a failing name does once `hold` has passed since its last good answer (HAProxy's `hold`):
+// drop its backends (no new connections; /readyz 503) or keep the last good set.
+enum class AfterHold : uint8_t { Empty, Keep };
+// At start, a name that does not resolve stops the relay (HAProxy's default init-addr) or
+// starts the cluster empty (HAProxy's `init-addr none`) and keeps asking.
+enum class StartupPolicy : uint8_t { Fail, Empty };
+
+std::string_view familiesName(AddressFamilies f);
+
+struct DiscoveryConfig {
+    std::string dns;    // an A/AAAA name; its addresses are the backends, at `port`
+    std::string srv;    // or an SRV name (_service._proto.name): targets, ports, weights
+    unsigned port = 0;  // with dns: required; with srv: none (each record has its own)
+    AddressFamilies family = AddressFamilies::Any;
+    unsigned weight = 1;  // of each backend from `dns` (SRV records carry their own)
+    Duration refresh_min = std::chrono::seconds(1);
+    Duration refresh_max = std::chrono::seconds(30);
+    Duration hold = std::chrono::seconds(30);
+    AfterHold after_hold = AfterHold::Empty;
+    StartupPolicy startup = StartupPolicy::Fail;
+    unsigned max_backends = 64;  // bounds the backend label's cardinality too
+
+    bool enabled() const { return !dns.empty() || !srv.empty(); }
+    const std::string& name() const { return dns.empty() ? srv : dns; }
+    bool operator==(const DiscoveryConfig&) const = default;
+};
+
 struct ClusterConfig {
     std::string name;  // unique; the `cluster` label of its metrics
     Balance balance = Balance::RoundRobin;
@@ -75,7 +107,10 @@ struct ClusterConfig {
     SocketAddress source;
     KeepaliveConfig tcp_keepalive;
     HealthCheckConfig health_check;
+    // Either backends, or discovery (then backends is empty here: the Runtime takes the
+    // discovered set).
     std::vector<BackendConfig> backends;
+    DiscoveryConfig discovery;
 
     bool operator==(const ClusterConfig&) const = default;
 };
@@ -160,6 +195,30 @@ struct MetricsConfig {
     bool operator==(const MetricsConfig&) const = default;
 };
 
+// How discovery asks DNS (c-ares): nameservers from resolv_conf unless listed here; search
+// domains and ndots from resolv_conf always (Kubernetes relies on them).
+struct ResolversConfig {
+    std::vector<SocketAddress> nameservers;  // "127.0.0.1:53"; empty: resolv_conf's
+    std::string resolv_conf = "/etc/resolv.conf";
+    Duration timeout = std::chrono::seconds(1);  // per attempt, per nameserver
+    unsigned attempts = 3;
+
+    bool operator==(const ResolversConfig&) const = default;
+};
+
+// The runtime API (admin_api.hpp): JSON over HTTP on its own address, off unless `listen` is
+// set. Without token_file it must be loopback or a unix socket; with it, every request needs
+// "Authorization: Bearer <the file's first line>".
+struct AdminConfig {
+    SocketAddress listen;
+    std::string token_file;
+    Duration request_timeout = std::chrono::seconds(5);
+    unsigned max_connections = 16;
+
+    bool enabled() const { return listen.length != 0; }
+    bool operator==(const AdminConfig&) const = default;
+};
+
 // One line per finished connection (access_log.hpp). path "" = off, "-" or "stdout" = stdout.
 struct AccessLogConfig {
     std::string path;
@@ -184,6 +243,8 @@ struct Config {
     uint32_t gid = 0;
     MetricsConfig metrics;
     AccessLogConfig access_log;
+    ResolversConfig resolvers;
+    AdminConfig admin;
     std::vector<ClusterConfig> clusters;  // as declared; see clustersOf()
     std::vector<ListenerConfig> listeners;
 

@@ -244,7 +244,8 @@ TEST(LoadConfig, StructureErrors) {
               "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)");
     EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
               "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
-              "max_pipes, max_connections, user, group, metrics, access_log, clusters, listeners");
+              "max_pipes, max_connections, user, group, metrics, access_log, resolvers, admin, "
+              "clusters, listeners");
     EXPECT_EQ(errorOfYaml(std::string("workers: 2\nworkers: 3\n") + kOneListener),
               "t.yaml:2:1: workers: key given twice");
     EXPECT_EQ(errorOfYaml("just text\n"),
@@ -472,6 +473,64 @@ TEST(ConfigExamples, AccessLog) {
     EXPECT_EQ(c.access_log.format, AccessLogFormat::Json);
 }
 
+// config/discovery.yaml says what its comments say: an A/AAAA cluster and an SRV cluster, the
+// resolvers block, and the runtime API on a unix socket without a token.
+TEST(ConfigExamples, Discovery) {
+    const Config c = example("discovery.yaml");
+    ASSERT_EQ(c.resolvers.nameservers.size(), 1u);
+    EXPECT_EQ(c.resolvers.nameservers[0].toString(), "127.0.0.1:53");
+    EXPECT_EQ(c.resolvers.resolv_conf, "/etc/resolv.conf");
+    EXPECT_EQ(c.resolvers.timeout, 1s);
+    EXPECT_EQ(c.resolvers.attempts, 3u);
+
+    EXPECT_TRUE(c.admin.enabled());
+    EXPECT_EQ(c.admin.listen.family(), AF_UNIX);
+    EXPECT_EQ(c.admin.listen.toString(), "unix:/run/zcrelay/admin.sock");
+    EXPECT_EQ(c.admin.token_file, "");
+
+    ASSERT_EQ(c.clusters.size(), 2u);
+    const ClusterConfig& web = c.clusters[0];
+    EXPECT_EQ(web.name, "web");
+    EXPECT_EQ(web.balance, Balance::LeastConn);
+    EXPECT_TRUE(web.backends.empty()) << "discovered: the Runtime takes the resolved set";
+    const DiscoveryConfig& a = web.discovery;
+    EXPECT_TRUE(a.enabled());
+    EXPECT_EQ(a.dns, "web.example.internal.") << "absolute: no search domain is tried";
+    EXPECT_EQ(a.srv, "");
+    EXPECT_EQ(a.port, 8080u);
+    EXPECT_EQ(a.weight, 1u);
+    EXPECT_EQ(a.family, AddressFamilies::Any);
+    EXPECT_EQ(a.refresh_min, 1s);
+    EXPECT_EQ(a.refresh_max, 30s);
+    EXPECT_EQ(a.hold, 30s);
+    EXPECT_EQ(a.after_hold, AfterHold::Empty);
+    EXPECT_EQ(a.startup, StartupPolicy::Fail);
+    EXPECT_EQ(a.max_backends, 64u);
+    EXPECT_TRUE(web.health_check.enabled);
+    EXPECT_EQ(web.health_check.rise, 2u);
+
+    const ClusterConfig& ldap = c.clusters[1];
+    EXPECT_EQ(ldap.name, "ldap");
+    EXPECT_TRUE(ldap.backends.empty());
+    const DiscoveryConfig& srv = ldap.discovery;
+    EXPECT_EQ(srv.srv, "_ldap._tcp.corp.example.internal.");
+    EXPECT_EQ(srv.dns, "");
+    EXPECT_EQ(srv.name(), srv.srv);
+    EXPECT_EQ(srv.port, 0u) << "SRV records carry the ports";
+    EXPECT_EQ(srv.hold, 60s);
+    EXPECT_EQ(srv.after_hold, AfterHold::Keep);
+    EXPECT_EQ(srv.startup, StartupPolicy::Empty);
+    EXPECT_EQ(srv.max_backends, 16u);
+    EXPECT_TRUE(ldap.health_check.enabled);
+
+    ASSERT_EQ(c.listeners.size(), 2u);
+    EXPECT_EQ(clustersOf(c).size(), 2u) << "no upstream: listener";
+    EXPECT_EQ(clustersOf(c)[clusterIndex(c, 0)].name, "web");
+    EXPECT_EQ(clustersOf(c)[clusterIndex(c, 1)].name, "ldap");
+    // What the relay prints at start loads back to the same config.
+    expectSameConfig(loadConfigString(renderConfig(c), "<rendered>"), c);
+}
+
 // ---- clusters: the errors a user meets ---------------------------------------------------
 
 TEST(ClusterConfig, ErrorsNameTheKey) {
@@ -483,7 +542,8 @@ TEST(ClusterConfig, ErrorsNameTheKey) {
                           "127.0.0.1:3}]\n"),
               "t.yaml:2:13: listeners[0]: set `cluster` or `upstream`, not both");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app}]\n" + listener),
-              "t.yaml:1:12: clusters[0].backends: missing required key");
+              "t.yaml:1:12: clusters[0].backends: missing required key (or `discovery` to take "
+              "them from DNS)");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, backends: []}]\n" + listener),
               "t.yaml:1:34: clusters[0].backends: empty; at least one backend is needed");
     EXPECT_EQ(errorOfYaml("clusters: [{name: app, balance: fastest, backends: [{address: "
