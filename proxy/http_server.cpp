@@ -5,13 +5,17 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "clock.hpp"
 #include "listener.hpp"
@@ -22,14 +26,15 @@ namespace zcrelay {
 
 // One connection. Phases, each with its own deadline request_timeout away:
 //
-//   connected ──request line──▶ reading ──headers done──▶ answering ──response sent──▶ idle
-//       ▲                                                                                │
-//       └──────────────────────────────── keep-alive ◀──────────────────────────────────┘
+//   connected ──request line──▶ reading ──request in──▶ answering ──response sent──▶ idle
+//       ▲                                                                          │
+//       └────────────────────────────── keep-alive ◀───────────────────────────────┘
 //
-// `connected` and `idle` wait for a request, `reading` for the rest of it, `answering` for the
-// client to take the response. Any phase past its deadline is shut down (`timeout`); any phase
-// but `answering` is idle for eviction. shut_down marks one we closed, until libmicrohttpd sees
-// the FIN and reports the close.
+// `connected` and `idle` wait for a request, `reading` for the rest of it (headers and body,
+// under the one deadline, so trickling the body buys nothing the headers did not). `answering`
+// waits for the client to take the response. Any phase past its deadline is shut down
+// (`timeout`); any phase but `answering` is idle for eviction. shut_down marks one we closed,
+// until libmicrohttpd sees the FIN and reports the close.
 struct HttpServer::Client {
     std::list<Client>::iterator self;
     int fd = -1;
@@ -37,6 +42,11 @@ struct HttpServer::Client {
     bool reading = false;    // a request line arrived; the handler has not run for it yet
     bool answering = false;  // the handler ran; the response is not all sent yet
     bool shut_down = false;
+    // The body of the request being read: reserved once at its Content-Length (at most the
+    // route's max_body) when the headers are in, filled as libmicrohttpd hands it over, and
+    // freed when the request ends, so an idle keep-alive connection holds none.
+    std::string body;
+    uint64_t body_left = 0;  // of the Content-Length, not yet handed over
 };
 
 namespace {
@@ -44,18 +54,24 @@ namespace {
 constexpr int64_t kReportEveryMs = 10'000;
 
 // What the handler queues: libmicrohttpd copies the body, sends Content-Length, and leaves the
-// body out for HEAD.
-MHD_Result queue(MHD_Connection* conn, const HttpReply& reply, const char* allow = nullptr) {
+// body out for HEAD (MHD_queue_response marks it sent).
+MHD_Result queue(MHD_Connection* conn, int status, const std::string& content_type,
+                 const std::string& body, const char* allow = nullptr) {
     MHD_Response* response = MHD_create_response_from_buffer(
-        reply.body.size(), const_cast<char*>(reply.body.data()), MHD_RESPMEM_MUST_COPY);
+        body.size(), const_cast<char*>(body.data()), MHD_RESPMEM_MUST_COPY);
     if (response == nullptr) return MHD_NO;  // out of memory: libmicrohttpd closes it
-    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, reply.content_type.c_str());
+    MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, content_type.c_str());
     if (allow != nullptr) MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, allow);
-    const MHD_Result queued =
-        MHD_queue_response(conn, static_cast<unsigned>(reply.status), response);
+    const MHD_Result queued = MHD_queue_response(conn, static_cast<unsigned>(status), response);
     MHD_destroy_response(response);
     return queued;
 }
+
+MHD_Result queue(MHD_Connection* conn, const HttpReply& reply) {
+    return queue(conn, reply.status, reply.content_type, reply.body);
+}
+
+const std::string kTextPlain = "text/plain; charset=utf-8";
 
 bool hasBody(MHD_Connection* conn) {
     const char* length =
@@ -63,6 +79,89 @@ bool hasBody(MHD_Connection* conn) {
     const char* chunked =
         MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING);
     return chunked != nullptr || (length != nullptr && std::strcmp(length, "0") != 0);
+}
+
+// A header's value ("" if absent), as libmicrohttpd holds it in the connection's memory pool
+// until the request ends. With the header sent twice, the first, as libmicrohttpd's own
+// Content-Length reading does.
+std::string_view headerValue(MHD_Connection* conn, const char* name) {
+    const char* value = nullptr;
+    size_t size = 0;
+    if (MHD_lookup_connection_value_n(conn, MHD_HEADER_KIND, name, std::strlen(name), &value,
+                                      &size) != MHD_YES ||
+        value == nullptr)
+        return {};
+    return {value, size};
+}
+
+// libmicrohttpd decodes %XX in the path in place before handlers see it; this keeps it as sent,
+// so routes match and handlers parse the bytes the client sent (no "%2F" turned into a "/"
+// after matching). It also leaves query arguments undecoded, which nothing here reads.
+size_t keepEscaped(void*, MHD_Connection*, char* s) { return std::strlen(s); }
+
+// "GET, HEAD" (an Allow header) and "only GET and HEAD\n" (a 405's text) for `methods`.
+std::string allowHeader(const std::vector<std::string>& methods) {
+    std::string out;
+    for (const std::string& m : methods) out += (out.empty() ? "" : ", ") + m;
+    return out;
+}
+std::string notAllowedText(const std::vector<std::string>& methods) {
+    std::string out = "only";
+    for (size_t i = 0; i < methods.size(); ++i)
+        out += (i == 0 ? " " : i + 1 == methods.size() ? " and " : ", ") + methods[i];
+    return out + "\n";
+}
+
+const char* fileKind(mode_t mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISLNK(mode)) return "a symlink";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    return "not a socket";
+}
+
+// "lstat: No such file or directory", of errno as it is now (read before anything allocates).
+std::string errnoText(std::string_view what, int err = errno) {
+    return std::string(what) + ": " + std::strerror(err);
+}
+
+// Makes way for a unix socket at `path`: nothing there, or a stale socket (one nobody listens
+// on: connect() is refused), which is removed. Anything else is refused and left as it is: a
+// regular file or a directory (a typo in the config must not delete data), a symlink (lstat:
+// never followed), a socket another server listens on (its clients would be cut off silently).
+tl::expected<void, std::string> clearUnixPath(const SocketAddress& listen,
+                                              const std::string& path) {
+    const std::string where = listen.toString();
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) < 0) {
+        if (errno == ENOENT) return {};
+        const std::string why = errnoText("lstat");
+        return tl::unexpected(where + ": " + why);
+    }
+    if (!S_ISSOCK(st.st_mode))
+        return tl::unexpected(where + ": " + path + " exists and is " + fileKind(st.st_mode) +
+                              ", not a socket; refusing to remove it");
+    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!probe) {
+        const std::string why = errnoText("socket");
+        return tl::unexpected(where + ": " + why);
+    }
+    const int connected = ::connect(probe.get(), listen.sockaddrPtr(), listen.length);
+    const int err = errno;
+    // Accepted, or queued behind a full backlog: someone listens.
+    if (connected == 0 || err == EAGAIN)
+        return tl::unexpected(where + ": " + path +
+                              " is a socket another server is listening on; not removing it");
+    if (err != ECONNREFUSED && err != ENOENT)
+        return tl::unexpected(where + ": cannot tell whether the socket " + path + " is in use (" +
+                              errnoText("connect", err) + "); not removing it");
+    if (::unlink(path.c_str()) < 0 && errno != ENOENT) {
+        const std::string why = errnoText("unlink");
+        return tl::unexpected(where + ": removing the stale socket " + path + ": " + why);
+    }
+    return {};
 }
 
 }  // namespace
@@ -113,53 +212,119 @@ struct HttpServer::Callbacks {
     }
 
     // Called once when the request line and headers are in (`*request` still null), then once
-    // more when its body is (none, for what is accepted here). libmicrohttpd 0.9.75 closes the
-    // connection after a response queued on the first call ("early": it will not read what
-    // follows), so refusals go there and answers wait for the second call, keeping keep-alive.
+    // per piece of the body libmicrohttpd has read (`*upload_size` > 0), then once more when the
+    // whole request is in (`*upload_size` 0). libmicrohttpd 0.9.75 takes a response only on the
+    // first call or the last (MHD_queue_response refuses one while a body is being read), and
+    // closes the connection after a response queued on the first ("early": it will not read
+    // what follows). So every refusal is decided on the first call, from the headers alone, and
+    // answers wait for the last call, keeping keep-alive.
     static MHD_Result onRequest(void* cls, MHD_Connection* conn, const char* url,
-                                const char* method, const char*, const char*, size_t* upload_size,
-                                void** request) {
+                                const char* method, const char*, const char* upload_data,
+                                size_t* upload_size, void** request) {
         HttpServer& s = server(cls);
+        Client* c = client(conn);
         if (*request == nullptr) {
             *request = &s;  // the handler has seen this request
-            if (Client* c = client(conn)) {
-                c->reading = false;
-                c->answering = true;
-                touch(s, *c);
-            }
-            const bool head = std::strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
-            if (!head && std::strcmp(method, MHD_HTTP_METHOD_GET) != 0) {
-                s.reject(HttpReject::Method);
-                return queue(conn, HttpReply::text(405, "only GET and HEAD\n"), "GET, HEAD");
-            }
-            if (hasBody(conn)) {
-                // Refused before the body: whatever Content-Length promised is never read.
-                s.reject(HttpReject::Body);
-                return queue(conn, HttpReply::text(413, "no request body is accepted\n"));
-            }
+            return onHeaders(s, c, conn, url, method);
+        }
+        if (*upload_size != 0) {
+            // A piece of the body. For a Content-Length body libmicrohttpd hands over at most
+            // what the length has left (process_request_body), and onHeaders() reserved it all;
+            // anything else would be a body onHeaders() did not agree to: close.
+            if (c == nullptr || *upload_size > c->body_left) return MHD_NO;
+            c->body.append(upload_data, *upload_size);
+            c->body_left -= *upload_size;
+            *upload_size = 0;
             return MHD_YES;
         }
-        *upload_size = 0;  // a body cannot get here: hasBody() refused it
-        const auto route = std::find_if(s.routes_.begin(), s.routes_.end(),
-                                        [&](const HttpRoute& r) { return r.path == url; });
-        if (route == s.routes_.end()) {
+        if (c != nullptr) answering(s, *c);
+        const HttpRoute* route = s.findRoute(url);
+        if (route == nullptr) {
             s.reject(HttpReject::NotFound);
-            return queue(conn, HttpReply::text(404, "not found\n"));
+            return queue(conn, 404, kTextPlain, "not found\n");
         }
         s.stats_.requests.fetch_add(1, std::memory_order_relaxed);
-        return queue(conn, route->handler());
+        const HttpRequest req{method, url, c != nullptr ? std::string_view(c->body) : "",
+                              headerValue(conn, MHD_HTTP_HEADER_AUTHORIZATION)};
+        return queue(conn, route->handler(req));
+    }
+
+    // The request's headers are in: refuse it now (405, 411, 413; the connection is closed
+    // after the refusal, its body never read), or let libmicrohttpd read its body, if any, under
+    // the deadline the headers had.
+    static MHD_Result onHeaders(HttpServer& s, Client* c, MHD_Connection* conn, const char* url,
+                                const char* method) {
+        const auto refuse = [&](HttpReject why, int status, const std::string& text,
+                                const char* allow = nullptr) {
+            s.reject(why);
+            if (c != nullptr) answering(s, *c);
+            return queue(conn, status, kTextPlain, text, allow);
+        };
+        const HttpRoute* route = s.findRoute(url);
+        if (route == nullptr) {
+            // No route: refused as a method when no route takes it (the only answer a server
+            // of GET/HEAD routes ever gave a POST), as a body when it has one, else 404 after.
+            if (!s.anyRouteTakes(method))
+                return refuse(HttpReject::Method, 405, s.all_not_allowed_, s.all_allow_.c_str());
+            if (hasBody(conn))
+                return refuse(HttpReject::Body, 413, "no request body is accepted\n");
+            return MHD_YES;
+        }
+        const size_t at = static_cast<size_t>(route - s.routes_.data());
+        if (std::find(route->methods.begin(), route->methods.end(), method) == route->methods.end())
+            return refuse(HttpReject::Method, 405, s.not_allowed_[at], s.allow_[at].c_str());
+        if (route->max_body == 0) {
+            // Refused before the body: whatever Content-Length promised is never read.
+            if (hasBody(conn))
+                return refuse(HttpReject::Body, 413, "no request body is accepted\n");
+            return MHD_YES;
+        }
+        // A body of unknown length (chunked, or any Transfer-Encoding, which libmicrohttpd
+        // would read until the client closes) is refused: 411 asks for a Content-Length, which
+        // lets the size be checked before a byte of the body is read.
+        if (MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) !=
+            nullptr)
+            return refuse(HttpReject::Body, 411,
+                          "a request body needs a Content-Length (chunked bodies are refused)\n");
+        // libmicrohttpd answered 400 (not digits) or 413 (past 2^64-1) itself before this call,
+        // so the value is all digits and fits.
+        const std::string_view length = headerValue(conn, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        uint64_t size = 0;
+        if (!length.empty() &&
+            std::from_chars(length.data(), length.data() + length.size(), size).ec != std::errc())
+            return refuse(HttpReject::BadRequest, 400, "bad Content-Length\n");
+        if (size > route->max_body)
+            return refuse(
+                HttpReject::Body, 413,
+                "the request body is larger than " + std::to_string(route->max_body) + " bytes\n");
+        if (size == 0) return MHD_YES;
+        if (c == nullptr) return MHD_NO;  // nowhere to hold it (cannot happen: onConnection)
+        // The one allocation for the body, of exactly its size: no growth while it arrives.
+        c->body.reserve(size);
+        c->body_left = size;
+        return MHD_YES;  // libmicrohttpd sends 100 Continue first if the client asked for it
+    }
+
+    // The request is in (or refused): its response has request_timeout to be taken.
+    static void answering(HttpServer& s, Client& c) {
+        c.reading = false;
+        c.answering = true;
+        touch(s, c);
     }
 
     // The end of a request libmicrohttpd told us the start of (its request line): answered, or
-    // refused by libmicrohttpd itself before our handler saw it (400, 414, 431), or cut off.
+    // refused by libmicrohttpd itself before our handler saw it (400, 414, 431), or cut off
+    // (before the end of its headers or of its body).
     static void onCompleted(void* cls, MHD_Connection* conn, void** request,
                             MHD_RequestTerminationCode) {
         HttpServer& s = server(cls);
         Client* c = client(conn);
         if (c == nullptr) return;
-        if (*request == nullptr && !c->shut_down) s.reject(HttpReject::BadRequest);
+        if ((*request == nullptr || c->reading) && !c->shut_down) s.reject(HttpReject::BadRequest);
         c->answering = false;
         c->reading = false;
+        std::string().swap(c->body);  // freed, not kept for the next request
+        c->body_left = 0;
         if (!c->shut_down) touch(s, *c);
     }
 
@@ -180,30 +345,110 @@ HttpServer::HttpServer(std::string name, SocketAddress address, const HttpLimits
       address_(address),
       limits_(limits),
       routes_(std::move(routes)),
-      stats_(stats) {}
+      stats_(stats) {
+    std::vector<std::string> every;
+    for (size_t i = 0; i < routes_.size(); ++i) {
+        const HttpRoute& r = routes_[i];
+        allow_.push_back(allowHeader(r.methods));
+        not_allowed_.push_back(notAllowedText(r.methods));
+        for (const std::string& m : r.methods)
+            if (std::find(every.begin(), every.end(), m) == every.end()) every.push_back(m);
+        if (r.prefix) prefix_order_.push_back(i);
+    }
+    all_allow_ = allowHeader(every);
+    all_not_allowed_ = notAllowedText(every);
+    std::stable_sort(prefix_order_.begin(), prefix_order_.end(), [&](size_t a, size_t b) {
+        return routes_[a].path.size() > routes_[b].path.size();
+    });
+}
+
+const HttpRoute* HttpServer::findRoute(std::string_view path) const {
+    for (const HttpRoute& r : routes_)
+        if (!r.prefix && r.path == path) return &r;
+    for (size_t i : prefix_order_)
+        if (path.starts_with(routes_[i].path)) return &routes_[i];
+    return nullptr;
+}
+
+bool HttpServer::anyRouteTakes(std::string_view method) const {
+    for (const HttpRoute& r : routes_)
+        if (std::find(r.methods.begin(), r.methods.end(), method) != r.methods.end()) return true;
+    return false;
+}
 
 tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
     const std::string& name, const SocketAddress& listen, const HttpLimits& limits,
     std::vector<HttpRoute> routes, HttpStats& stats) {
-    if (listen.family() != AF_INET && listen.family() != AF_INET6)
-        return tl::unexpected(listen.toString() + ": only TCP addresses are served");
-    UniqueFd fd(::socket(listen.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!fd) return tl::unexpected(std::string("socket: ") + std::strerror(errno));
-    int one = 1;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (listen.family() == AF_INET6)
-        ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
-    if (::bind(fd.get(), listen.sockaddrPtr(), listen.length) < 0)
-        return tl::unexpected("bind " + listen.toString() + ": " + std::strerror(errno));
-    // A deep backlog: under a connection flood the probe waits in it for one accept round, not
-    // for a SYN retransmit (1 s) after an overflow. The kernel caps it at net.core.somaxconn.
-    if (::listen(fd.get(), SOMAXCONN) < 0)
-        return tl::unexpected("listen " + listen.toString() + ": " + std::strerror(errno));
-    auto bound = boundAddress(fd.get());
-    if (!bound) return tl::unexpected(bound.error().message());
+    for (const HttpRoute& r : routes)
+        if (!r.handler) return tl::unexpected("the route " + r.path + " has no handler");
+    const bool unix_socket = listen.family() == AF_UNIX;
+    if (!unix_socket && listen.family() != AF_INET && listen.family() != AF_INET6)
+        return tl::unexpected(listen.toString() +
+                              ": only TCP and unix socket addresses are served");
+    UniqueFd fd;
+    SocketAddress bound_address = listen;
+    // Until the server owns it, the socket file this call created is removed on any failure.
+    std::string unix_path;
+    struct stat unix_file {};
+    struct RemoveOnFailure {
+        const std::string& path;
+        ~RemoveOnFailure() {
+            if (!path.empty()) ::unlink(path.c_str());
+        }
+    } remove_on_failure{unix_path};
+    if (!unix_socket) {
+        fd = UniqueFd(::socket(listen.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!fd) return tl::unexpected(std::string("socket: ") + std::strerror(errno));
+        int one = 1;
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (listen.family() == AF_INET6)
+            ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (::bind(fd.get(), listen.sockaddrPtr(), listen.length) < 0)
+            return tl::unexpected("bind " + listen.toString() + ": " + std::strerror(errno));
+        // A deep backlog: under a connection flood the probe waits in it for one accept round,
+        // not for a SYN retransmit (1 s) after an overflow. The kernel caps it at
+        // net.core.somaxconn.
+        if (::listen(fd.get(), SOMAXCONN) < 0)
+            return tl::unexpected("listen " + listen.toString() + ": " + std::strerror(errno));
+        auto bound = boundAddress(fd.get());
+        if (!bound) return tl::unexpected(bound.error().message());
+        bound_address = *bound;
+    } else {
+        const auto& sun = *reinterpret_cast<const sockaddr_un*>(&listen.storage);
+        const size_t length = ::strnlen(sun.sun_path, sizeof sun.sun_path);
+        if (length == 0 || length == sizeof sun.sun_path || sun.sun_path[0] != '/')
+            return tl::unexpected(listen.toString() +
+                                  ": a unix socket needs an absolute path, e.g. unix:/run/x.sock");
+        const std::string path(sun.sun_path, length);
+        if (auto cleared = clearUnixPath(listen, path); !cleared)
+            return tl::unexpected(cleared.error());
+        fd = UniqueFd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!fd) return tl::unexpected(std::string("socket: ") + std::strerror(errno));
+        if (::bind(fd.get(), listen.sockaddrPtr(), listen.length) < 0)
+            return tl::unexpected("bind " + listen.toString() + ": " + std::strerror(errno));
+        unix_path = path;
+        // Before listen(): until then a connect() is refused whatever the mode, so no client
+        // gets in under the umask's mode in between.
+        if (::chmod(path.c_str(), 0660) < 0) {
+            const std::string why = errnoText("chmod 0660");
+            return tl::unexpected(listen.toString() + ": " + why);
+        }
+        if (::lstat(path.c_str(), &unix_file) < 0) {
+            const std::string why = errnoText("lstat");
+            return tl::unexpected(listen.toString() + ": " + why);
+        }
+        if (::listen(fd.get(), SOMAXCONN) < 0)
+            return tl::unexpected("listen " + listen.toString() + ": " + std::strerror(errno));
+    }
 
     std::unique_ptr<HttpServer> server(
-        new HttpServer(name, *bound, limits, std::move(routes), stats));
+        new HttpServer(name, bound_address, limits, std::move(routes), stats));
+    if (unix_socket) {
+        // From here the destructor removes it, the failures below included.
+        server->unix_path_ = std::exchange(unix_path, std::string());
+        server->unix_dev_ = unix_file.st_dev;
+        server->unix_ino_ = unix_file.st_ino;
+    }
     server->wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (server->wake_fd_ < 0)
         return tl::unexpected(std::string("eventfd: ") + std::strerror(errno));
@@ -219,6 +464,11 @@ tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
     // MHD_USE_EPOLL without an internal thread: run() owns the loop, so the deadlines and the
     // evictions happen on the thread that owns every connection. No MHD timeout: sweep() keeps
     // the deadlines, to the millisecond.
+    //
+    // A unix listening socket is handed over the same way: libmicrohttpd asks it SO_DOMAIN,
+    // marks its connections non-IP (no TCP_NODELAY/TCP_CORK on them) and takes the 2-byte
+    // address accept() gives an unnamed client. Nothing here reads a client's address: the
+    // deadlines and evictions go by fd and age.
     server->daemon_ = MHD_start_daemon(
         MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, nullptr, nullptr, &Callbacks::onRequest, server.get(),
         MHD_OPTION_LISTEN_SOCKET, fd.get(), MHD_OPTION_CONNECTION_LIMIT, hard_limit,
@@ -226,6 +476,7 @@ tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
         MHD_OPTION_NOTIFY_CONNECTION, &Callbacks::onConnection, server.get(),
         MHD_OPTION_NOTIFY_COMPLETED, &Callbacks::onCompleted, server.get(),
         MHD_OPTION_URI_LOG_CALLBACK, &Callbacks::onRequestLine, server.get(),
+        MHD_OPTION_UNESCAPE_CALLBACK, &keepEscaped, nullptr,
         MHD_OPTION_EXTERNAL_LOGGER, &Callbacks::onLibraryLog, server.get(),
         MHD_OPTION_SIGPIPE_HANDLED_BY_APP, 1,  // main() ignores SIGPIPE for the process
         MHD_OPTION_END);
@@ -243,9 +494,15 @@ HttpServer::~HttpServer() {
         (void)ignored;
         thread_.join();
     }
-    // Closes every connection (the CLOSED callbacks run here, the thread being gone).
+    // Closes every connection (the CLOSED callbacks run here, the thread being gone) and the
+    // listening socket.
     if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
     if (wake_fd_ >= 0) ::close(wake_fd_);
+    // The socket file stays behind a closed socket: removed, unless it is no longer ours.
+    struct stat st {};
+    if (!unix_path_.empty() && ::lstat(unix_path_.c_str(), &st) == 0 && S_ISSOCK(st.st_mode) &&
+        st.st_dev == unix_dev_ && st.st_ino == unix_ino_)
+        ::unlink(unix_path_.c_str());
 }
 
 void HttpServer::run() {

@@ -21,11 +21,11 @@ tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> MetricsEndpoint::sta
     const HttpLimits limits{config.request_timeout, config.max_connections,
                             config.max_request_size};
     std::vector<HttpRoute> probes = {
-        {"/healthz", [unhealthy] { return check(unhealthy, 500, "ok"); }},
-        {"/readyz", [unready] { return check(unready, 503, "ready"); }},
+        {"/healthz", [unhealthy](const HttpRequest&) { return check(unhealthy, 500, "ok"); }},
+        {"/readyz", [unready](const HttpRequest&) { return check(unready, 503, "ready"); }},
     };
     std::vector<HttpRoute> all = probes;
-    all.push_back({"/metrics", [metrics] {
+    all.push_back({"/metrics", [metrics](const HttpRequest&) {
                        return HttpReply{200, "text/plain; version=0.0.4; charset=utf-8",
                                         prometheus::TextSerializer().Serialize(metrics->Collect())};
                    }});
