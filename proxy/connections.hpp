@@ -57,6 +57,9 @@ class Connections {
     void onSockmapScan();
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
+    // The runtime API: every connection to the backend whose state is `backend` (connecting
+    // or relaying, in any generation) is closed now, as admin_shutdown. Returns how many.
+    uint32_t endBackend(const BackendState* backend);
     // Drain: the connections held at max_connections were never served; they go now.
     void closeQueued();
     // A connection ended while accepting was stopped (at a limit or out of fds).

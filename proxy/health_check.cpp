@@ -61,6 +61,12 @@ io_uring_sqe* HealthChecker::sqe(uint32_t i, Op op) {
 void HealthChecker::start(uint32_t i) {
     if (draining_ || i >= checks_.size()) return;
     Check& ck = checks_[i];
+    if (ck.backend->state->admin.load(std::memory_order_relaxed) == AdminState::Maint) {
+        // In maintenance (runtime API) a backend is not checked, as in HAProxy: its next turn
+        // comes at the interval, and checks resume once it is back.
+        armTimer(i);
+        return;
+    }
     auto fd = openUpstreamSocket(ck.backend->config.address, ck.cluster->config.source);
     if (!fd) {
         finish(i, false, "no socket");

@@ -69,6 +69,8 @@ void printReady(const Server& server) {
             server.boundAddresses()[0].family() == AF_INET6 ? "::1" : "127.0.0.1",
             server.boundAddresses()[0].port());
     }
+    if (const SocketAddress admin = server.adminAddress(); admin.length != 0)
+        std::printf("zcrelay: admin API on %s\n", admin.toString().c_str());
     std::printf("zcrelay: ready\n");
     std::fflush(stdout);
 }

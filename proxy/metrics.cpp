@@ -10,8 +10,10 @@
 #include <limits>
 
 #include "access_log.hpp"
+#include "admin_api.hpp"
 #include "address.hpp"
 #include "config.hpp"
+#include "discovery.hpp"
 #include "process_shared.hpp"
 #include "process_stats.hpp"
 #include "runtime.hpp"
@@ -93,6 +95,8 @@ class Collector : public prometheus::Collectable {
         std::vector<MetricFamily> out;
         collectListeners(*rt, out);
         collectBackends(*rt, out);
+        collectDiscovery(*rt, out);
+        collectAdmin(out);
         Family fallbacks(
             "zcrelay_pipe_fallbacks_total",
             "Directions that wanted a pipe and moved their bytes by copy instead, by reason.",
@@ -413,8 +417,9 @@ class Collector : public prometheus::Collectable {
 
     void collectBackends(const Runtime& rt, std::vector<MetricFamily>& out) const {
         Family up("zcrelay_backend_up",
-                  "1 while the backend takes new connections; 0 while health checks or passive "
-                  "ejection hold it down.",
+                  "1 while health checks and passive ejection let the backend take new "
+                  "connections; 0 while they hold it down (the runtime API's say is "
+                  "zcrelay_backend_admin_state and zcrelay_backend_weight).",
                   MetricType::Gauge);
         Family attempts("zcrelay_backend_connect_attempts_total",
                         "Connects started to the backend (retries included).", MetricType::Counter);
@@ -436,6 +441,13 @@ class Collector : public prometheus::Collectable {
         Family transitions("zcrelay_backend_transitions_total",
                            "Times the backend went up or down (checks or passive ejection).",
                            MetricType::Counter);
+        Family admin_state("zcrelay_backend_admin_state",
+                           "The runtime API's state of the backend: 1 for the one it is in.",
+                           MetricType::Gauge);
+        Family weight("zcrelay_backend_weight",
+                      "The backend's weight now: the config's or SRV record's, or the runtime "
+                      "API's.",
+                      MetricType::Gauge);
         for (const ClusterRt& c : rt.clusters) {
             for (const BackendRt& b : c.backends) {
                 const BackendState& st = *b.state;
@@ -448,6 +460,11 @@ class Collector : public prometheus::Collectable {
                 };
                 auto sum = [&](auto get) { return static_cast<double>(st.stats.sum(get)); };
                 up.add(labels, st.up.load() ? 1 : 0);
+                const AdminState now = st.admin.load();
+                for (AdminState a : {AdminState::Ready, AdminState::Drain, AdminState::Maint})
+                    admin_state.add(with("state", std::string(adminStateName(a))), a == now ? 1 : 0);
+                const int32_t set = st.weight_override.load();
+                weight.add(labels, set >= 0 ? set : static_cast<double>(b.spec_weight));
                 attempts.add(labels, sum([](const BackendStats& s) { return s.attempts.get(); }));
                 conns.add(labels, sum([](const BackendStats& s) { return s.connections.get(); }));
                 active.add(labels, std::max(0, st.active.load()));
@@ -474,8 +491,72 @@ class Collector : public prometheus::Collectable {
             }
         }
         for (Family* f : {&up, &attempts, &conns, &active, &failures, &bytes, &connect_time,
-                          &checks, &transitions})
+                          &checks, &transitions, &admin_state, &weight})
             out.push_back(f->take());
+    }
+
+    // Per discovered cluster: its resolutions, when one last succeeded, what it found. The
+    // per-backend series above come and go with the discovered set (at most max_backends).
+    void collectDiscovery(const Runtime& rt, std::vector<MetricFamily>& out) const {
+        const Discovery* discovery = process_->discovery.load();
+        if (discovery == nullptr) return;
+        Family results("zcrelay_discovery_resolutions_total",
+                       "DNS resolutions of a discovered cluster's name, by outcome.",
+                       MetricType::Counter);
+        Family last("zcrelay_discovery_last_success_timestamp_seconds",
+                    "When the cluster's name last resolved to a non-empty set (Unix time; 0: "
+                    "never).",
+                    MetricType::Gauge);
+        Family found("zcrelay_discovery_backends",
+                     "Backends the cluster has from DNS now (what the last good answer gave, "
+                     "until hold runs out).",
+                     MetricType::Gauge);
+        Family changes("zcrelay_discovery_changes_total",
+                       "Times the cluster's discovered set of backends changed.",
+                       MetricType::Counter);
+        Family failing("zcrelay_discovery_failing",
+                       "1 while the cluster's name fails to resolve (its last good set serving "
+                       "for hold, or none).",
+                       MetricType::Gauge);
+        const auto views = discovery->views();
+        for (const ClusterRt& c : rt.clusters) {
+            const auto v = views.find(c.config.name);
+            if (v == views.end()) continue;
+            const DiscoveryView& view = v->second;
+            const std::vector<ClientMetric::Label> labels{{"cluster", c.config.name}};
+            for (size_t o = 0; o < kDiscoveryOutcomeLabels.size(); ++o)
+                results.add({{"cluster", c.config.name},
+                             {"outcome", std::string(kDiscoveryOutcomeLabels[o])}},
+                            static_cast<double>(view.results[o]));
+            last.add(labels, static_cast<double>(view.last_success_unix_ms) / 1000.0);
+            found.add(labels, static_cast<double>(view.backends.size()));
+            changes.add(labels, static_cast<double>(view.changes));
+            failing.add(labels, view.state == "holding" || view.state == "expired" ? 1 : 0);
+        }
+        for (Family* f : {&results, &last, &found, &changes, &failing}) out.push_back(f->take());
+    }
+
+    void collectAdmin(std::vector<MetricFamily>& out) const {
+        const AdminStats* admin = process_->admin;
+        if (admin == nullptr) return;
+        Family changes("zcrelay_admin_changes_total",
+                       "Changes made through the runtime API, by kind.", MetricType::Counter);
+        for (size_t i = 0; i < kAdminChangeLabels.size(); ++i)
+            changes.add({{"change", std::string(kAdminChangeLabels[i])}},
+                        static_cast<double>(admin->changes[i].load()));
+        Family requests("zcrelay_admin_requests_total",
+                        "Requests the runtime API answered, by result.", MetricType::Counter);
+        for (size_t i = 0; i < kAdminResultLabels.size(); ++i)
+            requests.add({{"result", std::string(kAdminResultLabels[i])}},
+                         static_cast<double>(admin->results[i].load()));
+        Family rejected("zcrelay_admin_endpoint_rejected_total",
+                        "Connections the runtime API's server closed and requests it refused, by "
+                        "reason.",
+                        MetricType::Counter);
+        for (size_t r = 0; r < kHttpRejectLabels.size(); ++r)
+            rejected.add({{"reason", std::string(kHttpRejectLabels[r])}},
+                         static_cast<double>(admin->http.rejected[r].load()));
+        for (Family* f : {&changes, &requests, &rejected}) out.push_back(f->take());
     }
 
     std::function<std::shared_ptr<const Runtime>()> current_;

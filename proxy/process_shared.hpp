@@ -12,6 +12,8 @@
 namespace zcrelay {
 
 class AccessLog;
+class Discovery;
+struct AdminStats;
 
 struct ProcessShared {
     std::atomic<uint32_t> live{0};    // connections over all listeners (Config::max_connections)
@@ -23,6 +25,9 @@ struct ProcessShared {
     // Signals taken, by kSignals index.
     std::array<std::atomic<uint64_t>, kSignals.size()> signals{};
     HttpStats endpoint;  // the metrics endpoint's servers
+    AdminStats* admin = nullptr;  // the runtime API's counts (set at start)
+    // Discovery, from the start or the first reload that needs it; lives as long as the Server.
+    std::atomic<const Discovery*> discovery{nullptr};
 };
 
 }  // namespace zcrelay

@@ -21,6 +21,7 @@ namespace zcrelay {
     X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */ \
     X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */ \
     X(MaxDuration, "max_duration")     /* ended at max_connection_duration */           \
+    X(AdminShutdown, "admin_shutdown") /* the runtime API ended its backend's connections */ \
     X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
     X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
 

@@ -39,8 +39,27 @@ void SourceCounts::give(const SocketAddress& a) {
     if (it != counts_.end() && --it->second == 0) counts_.erase(it);
 }
 
-std::shared_ptr<const Runtime> Runtime::build(Config config, const Runtime* previous,
-                                              unsigned workers) {
+std::string_view adminStateName(AdminState s) {
+    switch (s) {
+        case AdminState::Ready:
+            return "ready";
+        case AdminState::Drain:
+            return "drain";
+        case AdminState::Maint:
+            return "maint";
+    }
+    return "?";
+}
+
+std::optional<AdminState> parseAdminState(std::string_view s) {
+    for (AdminState a : {AdminState::Ready, AdminState::Drain, AdminState::Maint})
+        if (adminStateName(a) == s) return a;
+    return std::nullopt;
+}
+
+std::shared_ptr<const Runtime> Runtime::build(
+    Config config, const Runtime* previous, unsigned workers,
+    const std::map<std::string, std::vector<BackendConfig>>& discovered) {
     auto rt = std::make_shared<Runtime>();
     rt->generation = previous ? previous->generation + 1 : 1;
     for (ClusterConfig& cc : clustersOf(config)) {
@@ -50,14 +69,28 @@ std::shared_ptr<const Runtime> Runtime::build(Config config, const Runtime* prev
             for (const ClusterRt& c : previous->clusters)
                 if (c.config.name == cc.name) old = &c;
         }
-        for (const BackendConfig& bc : cc.backends) {
-            BackendRt b{bc, bc.address.toString(), nullptr};
+        static const std::vector<BackendConfig> kNone;
+        const std::vector<BackendConfig>* list = &cc.backends;
+        if (cc.discovery.enabled()) {
+            auto found = discovered.find(cc.name);
+            list = found != discovered.end() ? &found->second : &kNone;
+        }
+        for (const BackendConfig& bc : *list) {
+            BackendRt b{bc, bc.weight, bc.address.toString(), nullptr};
+            if (cc.discovery.enabled()) b.config.send_proxy = cc.send_proxy;
             if (old) {
                 for (const BackendRt& ob : old->backends)
                     if (ob.key == b.key) b.state = ob.state;
             }
-            if (!b.state) b.state = std::make_shared<BackendState>(workers);
-            cluster.specs.push_back({b.key, bc.weight});
+            if (!b.state) {
+                b.state = std::make_shared<BackendState>(workers);
+                // Discovered and checked: a new address proves itself first (rise passes).
+                if (cc.discovery.enabled() && cc.health_check.enabled)
+                    b.state->up.store(false, std::memory_order_relaxed);
+            }
+            const int32_t set = b.state->weight_override.load(std::memory_order_relaxed);
+            if (set > 0) b.config.weight = static_cast<unsigned>(set);
+            cluster.specs.push_back({b.key, b.config.weight});
             cluster.backends.push_back(std::move(b));
         }
         cluster.config = std::move(cc);

@@ -16,6 +16,8 @@
 // are atomics touched once per connection, not per I/O.
 #include <array>
 #include <atomic>
+#include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -65,6 +67,14 @@ struct BackendStats {
     UsHistogram<kConnectBuckets.size()> connect_time;
 };
 
+// What an operator set through the runtime API (admin_api.hpp), HAProxy's `set server state`:
+//   ready  takes new connections while healthy (the default)
+//   drain  takes no new connections; health checks go on; live connections finish
+//   maint  takes no new connections and is not checked; live connections finish
+enum class AdminState : uint8_t { Ready, Drain, Maint };
+std::string_view adminStateName(AdminState s);
+std::optional<AdminState> parseAdminState(std::string_view s);
+
 struct BackendState {
     explicit BackendState(unsigned workers) : stats(workers) {}
     // Whether new connections may go here: health checks and passive ejection set it.
@@ -79,7 +89,17 @@ struct BackendState {
     std::atomic<uint64_t> checks_failed{0};
     std::atomic<uint64_t> went_up{0};
     std::atomic<uint64_t> went_down{0};
+    // The runtime API's: kept by a reload that keeps the backend (by cluster and address).
+    std::atomic<AdminState> admin{AdminState::Ready};
+    std::atomic<int32_t> weight_override{-1};  // -1: the config's (or the SRV record's)
     Sharded<BackendStats> stats;
+
+    // Whether a new connection may be sent here: up, ready, and a weight above 0.
+    bool takesNew() const {
+        return up.load(std::memory_order_relaxed) &&
+               admin.load(std::memory_order_relaxed) == AdminState::Ready &&
+               weight_override.load(std::memory_order_relaxed) != 0;
+    }
 
     // Health checks, passive ejection and its timeout all switch `up` through this; any
     // worker may, so the switch is a compare-and-swap. True if this call changed it (and
@@ -120,7 +140,8 @@ struct ListenerShared {
 };
 
 struct BackendRt {
-    BackendConfig config;
+    BackendConfig config;  // weight: the runtime API's, when it set one above 0
+    unsigned spec_weight = 1;  // the config's, or the SRV record's
     std::string key;  // the address text: the metric label, the source_hash ring position
     std::shared_ptr<BackendState> state;
 };
@@ -165,9 +186,14 @@ struct Runtime {
     uint64_t generation = 0;
 
     // Takes over the shared state of `previous` (may be null) for every listener and backend
-    // that is still there.
+    // that is still there. A cluster with `discovery` takes its backends from `discovered`
+    // (none when it has no entry); a backend new to such a cluster starts down when the
+    // cluster has health checks, so it is checked before it takes a connection.
     static std::shared_ptr<const Runtime> build(Config config, const Runtime* previous,
-                                                unsigned workers);
+                                                unsigned workers,
+                                                const std::map<std::string,
+                                                               std::vector<BackendConfig>>&
+                                                    discovered = {});
 };
 
 }  // namespace zcrelay

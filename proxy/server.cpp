@@ -149,17 +149,32 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         server->process_.access_log = server->access_log_.get();
     }
     const unsigned workers = cfg.workers;
-    server->current_ = Runtime::build(std::move(config), nullptr, workers);
+    Server* const self = server.get();
+    DiscoveredSets discovered;
+    if (std::any_of(cfg.clusters.begin(), cfg.clusters.end(),
+                    [](const ClusterConfig& c) { return c.discovery.enabled(); })) {
+        // Started as the user (after the drop above): it only reads resolv.conf and talks DNS.
+        auto discovery = Discovery::start(cfg, [self] { self->republish(); });
+        if (!discovery) return tl::unexpected("discovery: " + discovery.error());
+        server->discovery_ = std::move(*discovery);
+        const std::string failed =
+            server->discovery_->awaitFirstAnswers(Discovery::firstAnswerBound(cfg.resolvers));
+        if (!failed.empty()) return tl::unexpected(failed);
+        server->built_version_ = server->discovery_->version();
+        discovered = server->discovery_->sets();
+    }
+    server->current_ = Runtime::build(std::move(config), nullptr, workers, discovered);
     const Config& running = server->current_->config;
     for (unsigned w = 0; w < running.workers; ++w)
         server->workers_.push_back(
             std::make_unique<Worker>(w, server->current_, std::move(listen_fds[w]), per_worker,
                                      server->sockmap_.get(), 2 * per_worker * w, server->process_));
 
+    server->process_.admin = &server->admin_stats_;
+    server->process_.discovery.store(server->discovery_.get());
     if (running.metrics.enabled) {
         std::vector<const WorkerStats*> stats;
         for (const auto& w : server->workers_) stats.push_back(&w->stats());
-        Server* self = server.get();
         auto endpoint = MetricsEndpoint::start(
             running.metrics,
             makeCollector([self] { return self->current(); }, std::move(stats), &self->process_),
@@ -181,6 +196,28 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         server->join();
         return tl::unexpected(error);
     }
+    if (running.admin.enabled()) {
+        AdminApi::Hooks hooks;
+        hooks.current = [self] { return self->current(); };
+        hooks.discovery = [self]() -> std::map<std::string, DiscoveryView> {
+            const Discovery* d = self->process_.discovery.load();
+            return d ? d->views() : std::map<std::string, DiscoveryView>{};
+        };
+        hooks.rebuild = [self] { self->republish(); };
+        hooks.end_connections = [self](std::shared_ptr<BackendState> backend) {
+            for (auto& w : self->workers_) w->endConnectionsOf(backend);
+        };
+        auto admin = AdminApi::start(running.admin, std::move(hooks), server->admin_stats_);
+        if (!admin) {
+            server->stop();
+            server->join();
+            return tl::unexpected(admin.error());
+        }
+        server->admin_ = std::move(*admin);
+    }
+    // A set that changed between the first answers and now is published from here on.
+    server->started_.store(true);
+    server->republish();
     return server;
 }
 
@@ -199,6 +236,15 @@ void Server::reopenAccessLog() {
 }
 
 tl::expected<void, std::string> Server::reload(Config config) {
+    auto result = [&] {
+        std::lock_guard publishing(publish_mutex_);
+        return reloadLocked(std::move(config));
+    }();
+    publishPending();
+    return result;
+}
+
+tl::expected<void, std::string> Server::reloadLocked(Config config) {
     const Config& old = current_->config;
     // What the workers were built with cannot change under them: kept, and said so.
     auto keep = [&](bool changed, const char* what) {
@@ -209,6 +255,8 @@ tl::expected<void, std::string> Server::reload(Config config) {
     keep(config.max_pipes != old.max_pipes, "max_pipes");
     keep(!(config.metrics == old.metrics), "metrics");
     keep(!(config.access_log == old.access_log), "access_log");
+    keep(!(config.admin == old.admin), "admin");
+    config.admin = old.admin;
     keep(config.user != old.user || config.group != old.group || config.uid != old.uid ||
              config.gid != old.gid,
          "user/group");
@@ -250,8 +298,37 @@ tl::expected<void, std::string> Server::reload(Config config) {
     if (!fds) return tl::unexpected(fds.error());
     for (size_t k = 0; k < fresh.size(); ++k) bound[fresh[k]] = fresh_bound[k];
 
-    auto next = Runtime::build(std::move(config), current_.get(), old.workers);
-    for (size_t w = 0; w < workers_.size(); ++w) workers_[w]->reload(next, std::move((*fds)[w]));
+    DiscoveredSets discovered;
+    const bool discovers = std::any_of(config.clusters.begin(), config.clusters.end(),
+                                       [](const ClusterConfig& c) { return c.discovery.enabled(); });
+    if (discovers && !discovery_) {
+        auto started = Discovery::start(config, [this] { republish(); });
+        if (!started) return tl::unexpected("discovery: " + started.error());
+        discovery_ = std::move(*started);
+        process_.discovery.store(discovery_.get());
+    } else if (discovery_) {
+        discovery_->reconfigure(config);
+    }
+    if (discovers) {
+        // New or changed names are asked at once; the reload waits for their first answers
+        // (bounded), so its generation starts with their backends. One that fails starts
+        // empty and keeps being asked: startup: fail applies at start only.
+        const std::string failed =
+            discovery_->awaitFirstAnswers(Discovery::firstAnswerBound(config.resolvers));
+        if (!failed.empty()) LOG_WARN("reload: %s", failed.c_str());
+        built_version_ = discovery_->version();
+        discovered = discovery_->sets();
+    }
+    auto next = Runtime::build(std::move(config), current_.get(), old.workers, discovered);
+    switchTo(std::move(next), std::move(*fds));
+    bound_ = std::move(bound);
+    return {};
+}
+
+void Server::switchTo(std::shared_ptr<const Runtime> next,
+                      std::vector<std::vector<UniqueFd>> fds) {
+    for (size_t w = 0; w < workers_.size(); ++w)
+        workers_[w]->reload(next, w < fds.size() ? std::move(fds[w]) : std::vector<UniqueFd>{});
     // Done when every worker runs the new generation: from then on a new connection meets the
     // new config, and a removed listener's socket is closed. A worker answers within one ring
     // round trip; the bound only guards against one that is stuck.
@@ -261,12 +338,32 @@ tl::expected<void, std::string> Server::reload(Config config) {
                std::chrono::steady_clock::now() < deadline)
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    {
-        std::lock_guard lock(current_mutex_);
-        current_ = std::move(next);
+    std::lock_guard lock(current_mutex_);
+    current_ = std::move(next);
+}
+
+void Server::republish() {
+    dirty_.store(true);
+    for (;;) {
+        std::unique_lock lock(publish_mutex_, std::try_to_lock);
+        // Whoever holds it looks at dirty_ once it lets go (publishPending).
+        if (!lock) return;
+        if (!dirty_.exchange(false)) return;
+        rebuildLocked();
+        lock.unlock();
+        if (!dirty_.load()) return;
     }
-    bound_ = std::move(bound);
-    return {};
+}
+
+void Server::rebuildLocked() {
+    if (!started_.load()) return;
+    std::shared_ptr<const Runtime> rt = current();
+    DiscoveredSets discovered;
+    if (discovery_) {
+        built_version_ = discovery_->version();
+        discovered = discovery_->sets();
+    }
+    switchTo(Runtime::build(rt->config, rt.get(), rt->config.workers, discovered), {});
 }
 
 void Server::drain() {
@@ -289,7 +386,7 @@ std::string Server::unready() const {
     auto anyUp = [&](uint32_t cluster) {
         const ClusterRt& c = rt->clusters[cluster];
         return std::any_of(c.backends.begin(), c.backends.end(),
-                           [](const BackendRt& b) { return b.state->up.load(); });
+                           [](const BackendRt& b) { return b.state->takesNew(); });
     };
     for (const ListenerRt& l : rt->listeners) {
         if (!l.inspects()) {

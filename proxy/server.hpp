@@ -11,6 +11,10 @@
 //   reload (SIGHUP): the new config is checked and its new listeners bound first; any error
 //          refuses the whole reload and the running config goes on serving. Otherwise every
 //          worker switches to the new Runtime; live connections keep the one they started in.
+//   discovery (discovery.hpp): with a discovered cluster, its first answers are awaited
+//          before the workers start (startup: fail stops here). A later change of a set, or
+//          of a weight through the runtime API, builds the next generation like a reload
+//          with the same config: one publish at a time (publish_mutex_).
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,7 +22,9 @@
 #include <vector>
 
 #include "access_log.hpp"
+#include "admin_api.hpp"
 #include "config.hpp"
+#include "discovery.hpp"
 #include "metrics.hpp"
 #include "metrics_endpoint.hpp"
 #include "runtime.hpp"
@@ -53,6 +59,9 @@ class Server {
     // 0 without metrics.health_listen.
     uint16_t healthPort() const { return metrics_ ? metrics_->healthPort() : 0; }
 
+    // The runtime API's address; empty without admin.listen.
+    SocketAddress adminAddress() const { return admin_ ? admin_->address() : SocketAddress{}; }
+
     void drain();
     void stop();
     bool finished() const;
@@ -60,6 +69,18 @@ class Server {
 
   private:
     Server() = default;
+    // Hands `next` to every worker (with `fds`, its new listeners' sockets, per worker) and
+    // waits until each runs it. publish_mutex_ held.
+    tl::expected<void, std::string> reloadLocked(Config config);
+    void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
+    // A discovered set (or a weight) changed: the next generation, from the running config.
+    // Any thread; when another publish holds the mutex, that one builds again as it lets go.
+    void republish();
+    void rebuildLocked();
+    // After letting publish_mutex_ go: a change that came meanwhile is built now.
+    void publishPending() {
+        if (dirty_.load()) republish();
+    }
 
     mutable std::mutex current_mutex_;
     std::shared_ptr<const Runtime> current_;
@@ -68,7 +89,16 @@ class Server {
     std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
     std::unique_ptr<Sockmap> sockmap_;       // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
+    // Builds of the next generation, one at a time: reload, discovery, the runtime API.
+    std::mutex publish_mutex_;
+    std::atomic<bool> dirty_{false};    // a publish is wanted (republish)
+    std::atomic<bool> started_{false};  // the workers run: publishes go to them
+    uint64_t built_version_ = 0;        // the discovery version the current generation has
+    AdminStats admin_stats_;
+    // Stopped before the workers and the endpoints that read it (declared after them).
+    std::unique_ptr<Discovery> discovery_;
     std::unique_ptr<MetricsEndpoint> metrics_;
+    std::unique_ptr<AdminApi> admin_;
 };
 
 }  // namespace zcrelay

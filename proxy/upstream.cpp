@@ -63,8 +63,7 @@ int UpstreamSide::pickBackend(Conn& c) {
     return c.gen->balancers[ci].pick(
         key,
         [&](size_t i) {
-            return !(c.tried & (uint64_t{1} << (i % 64))) &&
-                   cl.backends[i].state->up.load(std::memory_order_relaxed);
+            return !(c.tried & (uint64_t{1} << (i % 64))) && cl.backends[i].state->takesNew();
         },
         [&](size_t i) {
             return static_cast<uint32_t>(

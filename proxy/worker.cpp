@@ -239,9 +239,25 @@ void Worker::onWake() {
                  static_cast<long long>(rt().config.drain_timeout.count()));
     }
     if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
+    if (cmds & kCmdEndBackend) {
+        std::vector<std::shared_ptr<BackendState>> ends;
+        {
+            std::lock_guard lock(reload_mutex_);
+            ends.swap(pending_ends_);
+        }
+        for (const auto& backend : ends) conns_->endBackend(backend.get());
+    }
     if (draining_ && now_ms_ >= drain_deadline_ms_) conns_->sweep(true, tick_ms_);
     if (cmds & kCmdReload) applyReload();
     armWake();
+}
+
+void Worker::endConnectionsOf(std::shared_ptr<BackendState> backend) {
+    {
+        std::lock_guard lock(reload_mutex_);
+        pending_ends_.push_back(std::move(backend));
+    }
+    post(kCmdEndBackend);
 }
 
 void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds) {

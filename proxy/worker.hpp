@@ -59,6 +59,8 @@ class Worker {
     // whose address no listener of the current generation has, in rt order. Live connections
     // keep the generation they started in.
     void reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds);
+    // The runtime API: close this worker's connections to `backend` (any generation).
+    void endConnectionsOf(std::shared_ptr<BackendState> backend);
     // The generation this worker runs now (any thread): reload() is done when it reaches rt's.
     uint64_t appliedGeneration() const { return applied_generation_.load(); }
     void join();
@@ -69,6 +71,7 @@ class Worker {
     static constexpr uint32_t kCmdDrain = 1;
     static constexpr uint32_t kCmdStop = 2;
     static constexpr uint32_t kCmdReload = 4;
+    static constexpr uint32_t kCmdEndBackend = 8;
 
     void post(uint32_t cmd);
     void run(std::promise<Result<void>>& ready);
@@ -107,6 +110,7 @@ class Worker {
     std::mutex reload_mutex_;
     std::shared_ptr<const Runtime> pending_rt_;
     std::vector<UniqueFd> pending_fds_;
+    std::vector<std::shared_ptr<BackendState>> pending_ends_;  // endConnectionsOf()
 
     // Owned by the worker thread from here on.
     Generations generations_;
