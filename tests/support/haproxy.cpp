@@ -23,12 +23,8 @@ bool listeningOn(int family, uint16_t port) {
 
 ::testing::AssertionResult HaproxyProcess::start(
     int family, const std::function<std::string(const std::string&)>& config) {
-    std::string why;
-    for (int attempt = 0; attempt < 3; ++attempt) {
-        Listening probe = listenLoopback(family);
-        if (!probe.fd) return ::testing::AssertionFailure() << probe.error;
-        port_ = probe.port;
-        probe.fd.reset();
+    return startOnFreeLoopbackPort(family, [&](uint16_t port, std::string& why) {
+        port_ = port;
         std::string path = dir_.writeFile("haproxy.cfg", config(loopbackHostPort(family, port_)));
         child_ = std::make_unique<ChildProcess>();
         ChildProcess::Options opts;
@@ -36,16 +32,18 @@ bool listeningOn(int family, uint16_t port) {
         opts.stdout_path = dir_.file("haproxy.out");
         opts.stderr_path = dir_.file("haproxy.err");
         std::string error;
-        if (!child_->spawn(opts, error))
-            return ::testing::AssertionFailure() << "spawn haproxy: " << error;
+        if (!child_->spawn(opts, error)) {
+            why = "spawn haproxy: " + error;
+            return PortLaunch::Failed;
+        }
         bool up = waitUntil([&] { return !child_->running() || listeningOn(family, port_); },
                             Millis{10'000});
-        if (up && child_->running()) return ::testing::AssertionSuccess();
+        if (up && child_->running()) return PortLaunch::Up;
         why = "haproxy did not listen on port " + std::to_string(port_) +
               "; stderr: " + fileTail(dir_.file("haproxy.err"));
         stop();
-    }
-    return ::testing::AssertionFailure() << why;
+        return PortLaunch::Retry;
+    });
 }
 
 void HaproxyProcess::stop() {

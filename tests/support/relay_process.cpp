@@ -259,6 +259,27 @@ CommandResult runCommand(const std::vector<std::string>& argv, Millis timeout,
     return result;
 }
 
+::testing::AssertionResult startOnFreeLoopbackPort(
+    int family, const std::function<PortLaunch(uint16_t port, std::string& why)>& launch,
+    int attempts) {
+    std::string why;
+    for (int attempt = 0; attempt < attempts; ++attempt) {
+        Listening probe = listenLoopback(family);
+        if (!probe.fd) return ::testing::AssertionFailure() << probe.error;
+        uint16_t port = probe.port;
+        probe.fd.reset();
+        switch (launch(port, why)) {
+            case PortLaunch::Up:
+                return ::testing::AssertionSuccess();
+            case PortLaunch::Failed:
+                return ::testing::AssertionFailure() << why;
+            case PortLaunch::Retry:
+                break;
+        }
+    }
+    return ::testing::AssertionFailure() << why;
+}
+
 std::optional<std::string> findExecutable(const std::string& name) {
     std::string path = std::getenv("PATH") != nullptr ? std::getenv("PATH") : "";
     path += ":/usr/local/sbin:/usr/sbin:/sbin:/usr/bin:/bin";
@@ -788,6 +809,38 @@ std::optional<HttpResponse> RelayProcess::get(const std::string& path, std::stri
         lower += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     if (lower.find("transfer-encoding: chunked") != std::string::npos)
         out.body = decodeChunked(out.body);
+    return out;
+}
+
+std::optional<HttpResponse> httpRequest(const std::string& host, uint16_t port,
+                                        const std::string& method, const std::string& path,
+                                        const std::string& body, const std::string& headers,
+                                        std::string* error) {
+    auto fail = [&](const std::string& e) -> std::optional<HttpResponse> {
+        if (error != nullptr) *error = e;
+        return std::nullopt;
+    };
+    Connected c = connectTo(host, port, Millis{2'000});
+    if (!c.fd) return fail(method + " " + path + ": " + c.error);
+    std::string req = method + " " + path + " HTTP/1.0\r\nHost: " + host + "\r\n" + headers;
+    if (!body.empty()) req += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    req += "\r\n" + body;
+    IoResult w = writeAll(c.fd.get(), req.data(), req.size(), Millis{2'000});
+    // A server may answer (413) and close before it took the whole body: read the answer anyway.
+    if (!w.ok() && w.status != IoStatus::Reset)
+        return fail(method + " " + path + " request: " + w.describe());
+    std::string resp;
+    IoResult r = readUntilEof(c.fd.get(), resp, Millis{5'000});
+    if (r.status != IoStatus::Eof && (r.status != IoStatus::Reset || resp.empty()))
+        return fail(method + " " + path + " response: " + r.describe());
+    const size_t hdr_end = resp.find("\r\n\r\n");
+    if (hdr_end == std::string::npos)
+        return fail(method + " " + path + " response has no header end: " + resp.substr(0, 200));
+    HttpResponse out;
+    const std::string status_line = resp.substr(0, resp.find("\r\n"));
+    const size_t sp = status_line.find(' ');
+    out.status = sp == std::string::npos ? 0 : std::atoi(status_line.c_str() + sp + 1);
+    out.body = resp.substr(hdr_end + 4);
     return out;
 }
 

@@ -120,6 +120,21 @@ CommandResult runCommand(const std::vector<std::string>& argv, Millis timeout = 
 // Full path of `name` on $PATH plus /usr/sbin and /sbin, or nullopt.
 std::optional<std::string> findExecutable(const std::string& name);
 
+// What one attempt of startOnFreeLoopbackPort came to.
+enum class PortLaunch {
+    Up,      // the program runs on the port
+    Retry,   // it did not come up there (the port may have been taken meanwhile): try a new port
+    Failed,  // it cannot work on any port (exec failed, bad config): give up now
+};
+// For programs that cannot report a port the kernel picked (haproxy, dnsmasq) and must be told
+// one: learns a free loopback port of `family` (listen on port 0, close) and calls
+// `launch(port, why)`. Another process may take the port between the close and the program's
+// bind, so an attempt that answers Retry is repeated on a new port, `attempts` times in all.
+// `launch` cleans up after its own failed attempt and sets `why`; the last `why` is the failure.
+::testing::AssertionResult startOnFreeLoopbackPort(
+    int family, const std::function<PortLaunch(uint16_t port, std::string& why)>& launch,
+    int attempts = 3);
+
 // Adds `iptables -I INPUT -p tcp -i lo --dport PORT --tcp-flags SYN,ACK,FIN,RST SYN -j DROP` and
 // always deletes it again (at destruction; a failed delete is a test failure). Loopback only, one
 // port: a connect to PORT then hangs in SYN_SENT, retransmitting, until the rule goes.
@@ -298,6 +313,16 @@ struct HttpResponse {
     int status = 0;
     std::string body;
 };
+
+// One HTTP/1.0 request on a fresh connection to host:port (read until the server closes it):
+// `method` `path`, with `body` sent under a Content-Length when it is not empty, and `headers`,
+// more header lines each ending in "\r\n" ("Authorization: Bearer x\r\n"). Status and body, or
+// nullopt with `error` set. Bounded: 2 s to connect and send, 5 s for the response.
+std::optional<HttpResponse> httpRequest(const std::string& host, uint16_t port,
+                                        const std::string& method, const std::string& path,
+                                        const std::string& body = "",
+                                        const std::string& headers = "",
+                                        std::string* error = nullptr);
 
 struct ListenerInfo {
     std::string name;
