@@ -1090,58 +1090,6 @@ TEST_F(AdminApiTest, ReloadKeepsChangesOfKeptBackendsOnly) {
 // max_connections cannot keep a request from being answered; a trickled request is closed at
 // request_timeout.
 
-// `n` connections to `port` that send nothing, connected at the TCP level. Bounded: 10 s.
-std::vector<Fd> openIdle(uint16_t port, size_t n) {
-    std::vector<Fd> fds;
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (size_t i = 0; i < n; ++i) {
-        Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-        if (!fd) break;
-        int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to);
-        if (rc < 0 && errno != EINPROGRESS) break;
-        fds.push_back(std::move(fd));
-    }
-    const auto deadline = Clock::now() + Millis{10'000};
-    std::vector<pollfd> pending;
-    for (const Fd& fd : fds) pending.push_back({fd.get(), POLLOUT, 0});
-    while (!pending.empty() && Clock::now() < deadline) {
-        ::poll(pending.data(), pending.size(), 100);
-        std::erase_if(pending, [](const pollfd& p) { return p.revents != 0; });
-        for (pollfd& p : pending) p.revents = 0;
-    }
-    return fds;
-}
-
-// How many of `fds` the peer has closed (EOF or RST) within `timeout`.
-size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout) {
-    const auto deadline = Clock::now() + timeout;
-    std::vector<bool> closed(fds.size(), false);
-    size_t count = 0;
-    while (count < fds.size() && Clock::now() < deadline) {
-        std::vector<pollfd> polls;
-        std::vector<size_t> which;
-        for (size_t i = 0; i < fds.size(); ++i) {
-            if (closed[i]) continue;
-            polls.push_back({fds[i].get(), POLLIN | POLLRDHUP, 0});
-            which.push_back(i);
-        }
-        if (::poll(polls.data(), polls.size(), 100) <= 0) continue;
-        for (size_t k = 0; k < polls.size(); ++k) {
-            if (polls[k].revents == 0) continue;
-            char buf[4096];
-            ssize_t n = ::recv(polls[k].fd, buf, sizeof buf, MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN)) {
-                closed[which[k]] = true;
-                ++count;
-            }
-        }
-    }
-    return count;
-}
-
 TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
     TaggedBackend a('a');
     ASSERT_TRUE(a.ok()) << a.error();

@@ -84,60 +84,6 @@ Reply probe(uint16_t port, const std::string& path) {
                     kProbeTimeout);
 }
 
-// `n` connections to `port` that send nothing, connected at the TCP level (the kernel's accept
-// queue is enough; the server need not have accepted them). Bounded: 20 s in all.
-std::vector<Fd> openIdle(uint16_t port, size_t n) {
-    std::vector<Fd> fds;
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons(port);
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    for (size_t i = 0; i < n; ++i) {
-        Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-        if (!fd) break;
-        int rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to);
-        if (rc < 0 && errno != EINPROGRESS) break;
-        fds.push_back(std::move(fd));
-    }
-    // Wait for every handshake: writable means connected (or failed, which the count shows).
-    const auto deadline = Clock::now() + Millis{20'000};
-    std::vector<pollfd> pending;
-    for (const Fd& fd : fds) pending.push_back({fd.get(), POLLOUT, 0});
-    while (!pending.empty() && Clock::now() < deadline) {
-        ::poll(pending.data(), pending.size(), 100);
-        std::erase_if(pending, [](const pollfd& p) { return p.revents != 0; });
-        for (pollfd& p : pending) p.revents = 0;
-    }
-    return fds;
-}
-
-// How many of `fds` the peer has closed (EOF or RST), after waiting at most `timeout` for all.
-size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout) {
-    const auto deadline = Clock::now() + timeout;
-    std::vector<bool> closed(fds.size(), false);
-    size_t count = 0;
-    while (count < fds.size() && Clock::now() < deadline) {
-        std::vector<pollfd> polls;
-        std::vector<size_t> which;
-        for (size_t i = 0; i < fds.size(); ++i) {
-            if (closed[i]) continue;
-            polls.push_back({fds[i].get(), POLLIN | POLLRDHUP, 0});
-            which.push_back(i);
-        }
-        if (::poll(polls.data(), polls.size(), 100) <= 0) continue;
-        for (size_t k = 0; k < polls.size(); ++k) {
-            if (polls[k].revents == 0) continue;
-            char buf[4096];
-            ssize_t n = ::recv(polls[k].fd, buf, sizeof buf, MSG_DONTWAIT);
-            if (n == 0 || (n < 0 && errno != EAGAIN)) {
-                closed[which[k]] = true;
-                ++count;
-            }
-        }
-    }
-    return count;
-}
-
 // Makes the relay's config path a symlink to `target`: what the next SIGHUP reads.
 void pointConfigAt(const std::string& config, const std::string& target) {
     ASSERT_EQ(::unlink(config.c_str()), 0) << config << ": " << std::strerror(errno);

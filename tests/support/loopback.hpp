@@ -339,6 +339,12 @@ class GatedSender {
 // ---------------------------------------------------------------------------------------------
 // Small utilities.
 
+// `n` connections to 127.0.0.1:`port` that send nothing, connected at the TCP level (the
+// kernel's accept queue is enough; the server need not have accepted them). Bounded: 20 s.
+std::vector<Fd> openIdle(uint16_t port, size_t n);
+// How many of `fds` the peer has closed (EOF or RST), after waiting at most `timeout` for all.
+size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout);
+
 // Polls `condition` every `interval` until it is true or `timeout` passes. Returns its last value.
 bool waitUntil(const std::function<bool()>& condition, Millis timeout,
                Millis interval = Millis{20});
