@@ -1,9 +1,16 @@
-// echo_server: a minimal single-threaded epoll echo server on 127.0.0.1, used as the upstream
-// of the relay in the bench scripts.
+// echo_server: a minimal single-threaded epoll echo server on loopback (127.0.0.1 unless
+// --addr), used as the upstream of the relay in the bench scripts.
 //
 //   echo_server [--port PORT (0 = let the kernel pick)] [--seconds N (600)] [--close-after BYTES]
+//               [--addr A.B.C.D (127.0.0.1)] [--events FILE]
 //
 // Prints the bound port alone on the first line of stdout (flushed), so a script can read it.
+// --addr listens on another loopback address (127.0.0.0/8 is all local on Linux), so several
+// backends can share one port, as the addresses of a DNS name do (bench/discovery.sh).
+// --events FILE: on exit, writes one line per accepted and per closed connection,
+// "<CLOCK_REALTIME ns> +" or "<ns> -", in the order they happened (at most 4M lines; kept in
+// memory until then, so the hot path is a push_back), for the backend's own view of its
+// connections over time.
 // Echoes every byte back; when the peer half-closes, finishes sending what is pending and closes.
 // With --close-after BYTES the server half-closes first, once it has echoed that many bytes on a
 // connection, as a server that closes after its response does. That decides who holds TIME_WAIT:
@@ -31,6 +38,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace {
 
@@ -38,6 +46,7 @@ constexpr int kDefaultSeconds = 600;
 constexpr int kPollMs = 200;  // how often the lifetime and the stop flag are checked
 constexpr size_t kBufSize = 16 * 1024;
 constexpr uint32_t kListenTag = UINT32_MAX;
+constexpr size_t kMaxEvents = 4'000'000;
 
 volatile sig_atomic_t g_stop = 0;
 
@@ -54,9 +63,10 @@ struct Conn {
 
 class EchoServer {
   public:
-    explicit EchoServer(uint64_t close_after) : close_after_(close_after) {}
+    EchoServer(uint64_t close_after, bool log_events)
+        : close_after_(close_after), log_events_(log_events) {}
 
-    bool open(uint16_t port) {
+    bool open(in_addr_t addr, uint16_t port) {
         listen_fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
         if (listen_fd_ < 0) return perr("socket");
         int one = 1;
@@ -65,7 +75,7 @@ class EchoServer {
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_port = htons(port);
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_addr.s_addr = addr;
         if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0) return perr("bind");
         // Capped by net.core.somaxconn; connection-rate runs need a deep queue.
         if (::listen(listen_fd_, SOMAXCONN) < 0) return perr("listen");
@@ -108,10 +118,28 @@ class EchoServer {
         }
     }
 
+    // --events: "<ns> +" per accept, "<ns> -" per close. false if the file cannot be written.
+    bool writeEvents(const char* path) const {
+        FILE* f = std::fopen(path, "w");
+        if (!f) return perr("events file");
+        for (int64_t e : events_)
+            std::fprintf(f, "%lld %c\n", static_cast<long long>(e < 0 ? -e : e), e < 0 ? '-' : '+');
+        return std::fclose(f) == 0;
+    }
+
   private:
     static bool perr(const char* what) {
         std::fprintf(stderr, "echo_server: %s: %s\n", what, std::strerror(errno));
         return false;
+    }
+
+    // An accept as +ns, a close as -ns (CLOCK_REALTIME: comparable with other processes' logs).
+    void event(bool accepted) {
+        if (!log_events_ || events_.size() >= kMaxEvents) return;
+        timespec t{};
+        ::clock_gettime(CLOCK_REALTIME, &t);
+        int64_t ns = int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec;
+        events_.push_back(accepted ? ns : -ns);
     }
 
     void acceptAll() {
@@ -132,6 +160,7 @@ class EchoServer {
                 continue;
             }
             conns_[fd] = Conn{};
+            event(true);
         }
     }
 
@@ -189,9 +218,12 @@ class EchoServer {
     void drop(int fd) {
         conns_.erase(fd);
         ::close(fd);
+        event(false);
     }
 
     uint64_t close_after_ = 0;  // 0: never close first
+    bool log_events_ = false;
+    std::vector<int64_t> events_;
     int listen_fd_ = -1;
     int ep_ = -1;
     uint16_t port_ = 0;
@@ -201,7 +233,8 @@ class EchoServer {
 [[noreturn]] void usage(int code) {
     std::fprintf(code ? stderr : stdout,
                  "usage: echo_server [--port PORT (0 = pick)] [--seconds N (%d)] [--close-after "
-                 "BYTES (0 = never)]\n",
+                 "BYTES (0 = never)]\n"
+                 "                   [--addr A.B.C.D (127.0.0.1)] [--events FILE]\n",
                  kDefaultSeconds);
     std::exit(code);
 }
@@ -212,11 +245,19 @@ int main(int argc, char** argv) {
     long port = 0;
     long seconds = kDefaultSeconds;
     long close_after = 0;
+    in_addr_t addr = htonl(INADDR_LOOPBACK);
+    const char* events_path = nullptr;
     for (int i = 1; i < argc; ++i) {
         std::string_view a = argv[i];
         if ((a == "--port" || a == "--seconds" || a == "--close-after") && i + 1 < argc) {
             long v = std::strtol(argv[++i], nullptr, 10);
             (a == "--port" ? port : a == "--seconds" ? seconds : close_after) = v;
+        } else if (a == "--addr" && i + 1 < argc) {
+            in_addr parsed{};
+            if (::inet_pton(AF_INET, argv[++i], &parsed) != 1) usage(2);
+            addr = parsed.s_addr;
+        } else if (a == "--events" && i + 1 < argc) {
+            events_path = argv[++i];
         } else if (a == "-h" || a == "--help") {
             usage(0);
         } else {
@@ -231,10 +272,11 @@ int main(int argc, char** argv) {
     ::sigaction(SIGINT, &sa, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
 
-    EchoServer server(static_cast<uint64_t>(close_after));
-    if (!server.open(static_cast<uint16_t>(port))) return 1;
+    EchoServer server(static_cast<uint64_t>(close_after), events_path != nullptr);
+    if (!server.open(addr, static_cast<uint16_t>(port))) return 1;
     std::printf("%u\n", server.port());
     std::fflush(stdout);
     server.run(static_cast<int>(seconds));
+    if (events_path && !server.writeEvents(events_path)) return 1;
     return 0;
 }

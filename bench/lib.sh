@@ -69,3 +69,32 @@ cleanup() {
     [[ -n "$WORK" && -d "$WORK" ]] && rm -rf -- "$WORK"
     return 0
 }
+
+# others_ticks -> OTHER_TICKS: how busy the rest of the machine was (bench/datapath.sh and
+# bench/discovery.sh report it beside their numbers): utime+stime+cutime+cstime summed over the user-space processes
+# that are not this script or its descendants. A process that exits inside the window moves its
+# time into its parent's cutime, so the difference of two sums still counts it. Kernel threads
+# (PF_KTHREAD) are left out on purpose: ksoftirqd and kworkers doing our bytes belong to us.
+others_ticks() {
+    # cat skips processes that vanish between the glob and the read.
+    OTHER_TICKS=$(cat /proc/[0-9]*/stat 2>/dev/null | awk -v root=$$ '
+        {
+            pid = $1; rest = $0
+            sub(/^.*\) /, "", rest)
+            n = split(rest, f, " ")
+            if (n < 15) next
+            ppid[pid] = f[2]
+            kthread[pid] = int(f[7] / 2097152) % 2   # PF_KTHREAD = 0x00200000
+            t[pid] = f[12] + f[13] + f[14] + f[15]
+        }
+        END {
+            mine[root] = 1
+            do {
+                grew = 0
+                for (p in ppid) if (!(p in mine) && (ppid[p] in mine)) { mine[p] = 1; grew = 1 }
+            } while (grew)
+            s = 0
+            for (p in t) if (!(p in mine) && !kthread[p]) s += t[p]
+            print s
+        }')
+}
