@@ -43,9 +43,15 @@ namespace zcrelay {
     X(ServFail, "servfail")       /* the server could not answer */                               \
     X(Refused, "refused")         /* the server refused to answer */                              \
     X(Timeout, "timeout")         /* no answer from any nameserver, every attempt */              \
-    X(Unreachable, "unreachable") /* every nameserver refused the connection (port closed) */     \
+    X(Unreachable, "unreachable") /* no nameserver gave a usable answer: see below */             \
     X(Error, "error")             /* anything else: a malformed answer, no nameserver, memory */
 
+// `unreachable`: every nameserver refused the connection (nothing listens on its port) or, with
+// c-ares before 1.20 (Debian 12 has 1.18.1), answered SERVFAIL or REFUSED: those versions drop
+// such an answer to try the next nameserver and, with none left, end the query as "connection
+// refused", so `servfail` and `refused` are counted only with c-ares 1.20 or later. Making
+// c-ares hand them over (ARES_FLAG_NOCHECKRESP) would also turn off its check that an answer's
+// question is the one asked, a guard against spoofed answers: a label is not worth that.
 #define ZCRELAY_DISCOVERY_ITEM(name, label) name,
 #define ZCRELAY_DISCOVERY_LABEL(name, label) label,
 enum class DiscoveryOutcome : uint8_t { ZCRELAY_DISCOVERY_OUTCOMES(ZCRELAY_DISCOVERY_ITEM) kCount };
