@@ -203,7 +203,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             const Discovery* d = self->process_.discovery.load();
             return d ? d->views() : std::map<std::string, DiscoveryView>{};
         };
-        hooks.rebuild = [self] { self->republish(); };
+        hooks.rebuild = [self] { self->republish(true); };
         hooks.end_connections = [self](std::shared_ptr<BackendState> backend) {
             for (auto& w : self->workers_) w->endConnectionsOf(backend);
         };
@@ -342,7 +342,8 @@ void Server::switchTo(std::shared_ptr<const Runtime> next,
     current_ = std::move(next);
 }
 
-void Server::republish() {
+void Server::republish(bool force) {
+    if (force) force_.store(true);
     dirty_.store(true);
     for (;;) {
         std::unique_lock lock(publish_mutex_, std::try_to_lock);
@@ -357,6 +358,11 @@ void Server::republish() {
 
 void Server::rebuildLocked() {
     if (!started_.load()) return;
+    // A generation is built for a change only: a weight (force), or discovered sets that moved
+    // since the current generation took them. Anything else would bump zcrelay_config_generation
+    // and restart the health checks for nothing.
+    const bool forced = force_.exchange(false);
+    if (!forced && (!discovery_ || discovery_->version() == built_version_)) return;
     std::shared_ptr<const Runtime> rt = current();
     DiscoveredSets discovered;
     if (discovery_) {

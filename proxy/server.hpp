@@ -73,9 +73,10 @@ class Server {
     // waits until each runs it. publish_mutex_ held.
     tl::expected<void, std::string> reloadLocked(Config config);
     void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
-    // A discovered set (or a weight) changed: the next generation, from the running config.
-    // Any thread; when another publish holds the mutex, that one builds again as it lets go.
-    void republish();
+    // A discovered set changed (or, `force`, a weight): the next generation, from the running
+    // config. Any thread; when another publish holds the mutex, that one builds again as it
+    // lets go.
+    void republish(bool force = false);
     void rebuildLocked();
     // After letting publish_mutex_ go: a change that came meanwhile is built now.
     void publishPending() {
@@ -92,6 +93,7 @@ class Server {
     // Builds of the next generation, one at a time: reload, discovery, the runtime API.
     std::mutex publish_mutex_;
     std::atomic<bool> dirty_{false};    // a publish is wanted (republish)
+    std::atomic<bool> force_{false};    // ... even if the discovered sets did not move
     std::atomic<bool> started_{false};  // the workers run: publishes go to them
     uint64_t built_version_ = 0;        // the discovery version the current generation has
     AdminStats admin_stats_;
