@@ -39,9 +39,11 @@ class Server {
     static tl::expected<std::unique_ptr<Server>, std::string> start(Config config);
     ~Server();
 
-    // The current generation's config and where each of its listeners really listens (port 0
-    // resolved), in config order. Main thread only (reload() changes them).
-    const Config& config() const { return current_->config; }
+    // The current generation's config (a copy: discovery and the runtime API publish
+    // generations from their own threads, so the current one may be replaced at any time), and
+    // where each of its listeners really listens (port 0 resolved), in config order. The
+    // addresses: main thread only (reload() changes them).
+    Config config() const { return current()->config; }
     const std::vector<SocketAddress>& boundAddresses() const { return bound_; }
     // Switches to `config`, or returns why not (the running config stays).
     tl::expected<void, std::string> reload(Config config);

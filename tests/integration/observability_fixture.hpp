@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/dns_server.hpp"
 #include "support/json.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -291,6 +292,10 @@ class TrafficRelay {
     void run() {
         for (const auto* up : {&splice_up_, &copy_up_, &sockmap_up_, &backend_a_, &backend_b_})
             ASSERT_TRUE(up->ok()) << up->error();
+        // A cluster from DNS (backend_a's address, from a real dnsmasq), so the discovery
+        // families have samples for promtool and the rules that read them.
+        ASSERT_TRUE(dns_.start());
+        ASSERT_TRUE(dns_.setAddresses("obs.test", {"127.0.0.1"}));
         RelayConfig config;
         config.workers = 2;
         auto add = [&](const std::string& name, const std::string& mode,
@@ -313,11 +318,16 @@ class TrafficRelay {
         add("r", "splice", nullptr);
         config.listeners.back().extra_yaml =
             "    routes:\n      - {name: never, alpn: [x-never], cluster: app}\n";
+        add("d", "splice", nullptr);
+        config.listeners.back().cluster = "dyn";
         config.extra_yaml =
             "clusters:\n  - name: app\n"
             "    health_check: {interval: 200ms, timeout: 500ms, rise: 1, fall: 2}\n"
             "    backends:\n      - {address: \"" +
-            backend_a_.hostPort() + "\"}\n      - {address: \"" + backend_b_.hostPort() + "\"}\n";
+            backend_a_.hostPort() + "\"}\n      - {address: \"" + backend_b_.hostPort() + "\"}\n" +
+            "  - name: dyn\n    discovery: {dns: obs.test, port: " +
+            std::to_string(backend_a_.port()) + "}\n" + "resolvers: {nameservers: [\"" +
+            dns_.address() + "\"]}\n";
         ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
         // This machine loads BPF: a sockmap listener quietly running splice would leave the
         // sockmap families untested.
@@ -331,10 +341,12 @@ class TrafficRelay {
         for (const std::string name : {"s", "c", "m"}) roundTrip(name, kListenerBytes);
         for (int i = 0; i < kClusterConnections; ++i) roundTrip("k", kClusterBytes);
         roundTrip("r", kClusterBytes);
+        roundTrip("d", kClusterBytes);
 
         for (const std::string name : {"s", "c", "m"}) expectCounters(name, kListenerBytes, 1);
         expectCounters("k", kClusterConnections * kClusterBytes, kClusterConnections);
         expectCounters("r", kClusterBytes, 1);
+        expectCounters("d", kClusterBytes, 1);
         EXPECT_TRUE(relay_.waitForMetric("zcrelay_route_selections_total",
                                          {{"listener", "r"}, {"route", "app"}}, 1.0));
         EXPECT_TRUE(relay_.waitForMetric(
@@ -382,6 +394,7 @@ class TrafficRelay {
     ScriptedUpstream sockmap_up_{AF_INET, echoScript()};
     ScriptedUpstream backend_a_{AF_INET, echoScript()};
     ScriptedUpstream backend_b_{AF_INET, echoScript()};
+    DnsServer dns_;
     RelayProcess relay_;
 };
 
