@@ -74,11 +74,6 @@ class Server {
     // Hands `next` to every worker (with `fds`, its new listeners' sockets, per worker) and
     // waits until each runs it. publish_mutex_ held.
     tl::expected<void, std::string> reloadLocked(Config config);
-    // Start or reload: discovery started (the first config that has a discovered cluster) or
-    // told of `config`, every name's first answer awaited (bounded), and the sets to build the
-    // generation from. `unresolved` gets awaitFirstAnswers()'s text for startup: fail names.
-    tl::expected<DiscoveredSets, std::string> followDiscovery(const Config& config,
-                                                              std::string& unresolved);
     void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
     // A discovered set changed (or, `force`, a weight): the next generation, from the running
     // config. Any thread; when another publish holds the mutex, that one builds again as it
