@@ -276,19 +276,15 @@ HttpReply AdminApi::change(const ClusterRt& cluster, const BackendRt& backend,
     }
     // Read back from the generation the change built, if it built one.
     const std::shared_ptr<const Runtime> rt = hooks_.current();
+    const BackendRt* now = &backend;
     for (const ClusterRt& c : rt->clusters) {
         if (c.config.name != cluster.config.name) continue;
-        for (const BackendRt& b : c.backends) {
-            if (b.key != backend.key) continue;
-            HttpReply ok;
-            ok.content_type = "application/json";
-            ok.body = backendJson(b) + "\n";
-            return ok;
-        }
+        for (const BackendRt& b : c.backends)
+            if (b.key == backend.key) now = &b;
     }
     HttpReply ok;
     ok.content_type = "application/json";
-    ok.body = backendJson(backend) + "\n";
+    ok.body = backendJson(*now) + "\n";
     return ok;
 }
 

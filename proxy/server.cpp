@@ -150,20 +150,11 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     }
     const unsigned workers = cfg.workers;
     Server* const self = server.get();
-    DiscoveredSets discovered;
-    if (std::any_of(cfg.clusters.begin(), cfg.clusters.end(),
-                    [](const ClusterConfig& c) { return c.discovery.enabled(); })) {
-        // Started as the user (after the drop above): it only reads resolv.conf and talks DNS.
-        auto discovery = Discovery::start(cfg, [self] { self->republish(); });
-        if (!discovery) return tl::unexpected("discovery: " + discovery.error());
-        server->discovery_ = std::move(*discovery);
-        const std::string failed =
-            server->discovery_->awaitFirstAnswers(Discovery::firstAnswerBound(cfg.resolvers));
-        if (!failed.empty()) return tl::unexpected(failed);
-        server->built_version_ = server->discovery_->version();
-        discovered = server->discovery_->sets();
-    }
-    server->current_ = Runtime::build(std::move(config), nullptr, workers, discovered);
+    // Started as the user (after the drop above): it only reads resolv.conf and talks DNS.
+    auto discovered = server->followDiscovery(cfg);
+    if (!discovered) return tl::unexpected(discovered.error());
+    if (!discovered->unresolved.empty()) return tl::unexpected(discovered->unresolved);
+    server->current_ = Runtime::build(std::move(config), nullptr, workers, discovered->sets);
     const Config& running = server->current_->config;
     for (unsigned w = 0; w < running.workers; ++w)
         server->workers_.push_back(
@@ -171,7 +162,6 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
                                      server->sockmap_.get(), 2 * per_worker * w, server->process_));
 
     server->process_.admin = &server->admin_stats_;
-    server->process_.discovery.store(server->discovery_.get());
     if (running.metrics.enabled) {
         std::vector<const WorkerStats*> stats;
         for (const auto& w : server->workers_) stats.push_back(&w->stats());
@@ -298,7 +288,19 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     if (!fds) return tl::unexpected(fds.error());
     for (size_t k = 0; k < fresh.size(); ++k) bound[fresh[k]] = fresh_bound[k];
 
-    DiscoveredSets discovered;
+    // New or changed names are asked at once; the reload waits for their first answers
+    // (bounded), so its generation starts with their backends. One that fails starts empty and
+    // keeps being asked: startup: fail applies at start only.
+    auto discovered = followDiscovery(config);
+    if (!discovered) return tl::unexpected(discovered.error());
+    if (!discovered->unresolved.empty()) LOG_WARN("reload: %s", discovered->unresolved.c_str());
+    auto next = Runtime::build(std::move(config), current_.get(), old.workers, discovered->sets);
+    switchTo(std::move(next), std::move(*fds));
+    bound_ = std::move(bound);
+    return {};
+}
+
+tl::expected<Server::Followed, std::string> Server::followDiscovery(const Config& config) {
     const bool discovers = std::any_of(config.clusters.begin(), config.clusters.end(),
                                        [](const ClusterConfig& c) { return c.discovery.enabled(); });
     if (discovers && !discovery_) {
@@ -309,20 +311,13 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     } else if (discovery_) {
         discovery_->reconfigure(config);
     }
-    if (discovers) {
-        // New or changed names are asked at once; the reload waits for their first answers
-        // (bounded), so its generation starts with their backends. One that fails starts
-        // empty and keeps being asked: startup: fail applies at start only.
-        const std::string failed =
-            discovery_->awaitFirstAnswers(Discovery::firstAnswerBound(config.resolvers));
-        if (!failed.empty()) LOG_WARN("reload: %s", failed.c_str());
-        built_version_ = discovery_->version();
-        discovered = discovery_->sets();
-    }
-    auto next = Runtime::build(std::move(config), current_.get(), old.workers, discovered);
-    switchTo(std::move(next), std::move(*fds));
-    bound_ = std::move(bound);
-    return {};
+    if (!discovers) return Followed{};
+    Followed followed;
+    followed.unresolved =
+        discovery_->awaitFirstAnswers(Discovery::firstAnswerBound(config.resolvers));
+    built_version_ = discovery_->version();
+    followed.sets = discovery_->sets();
+    return followed;
 }
 
 void Server::switchTo(std::shared_ptr<const Runtime> next,

@@ -74,6 +74,17 @@ class Server {
     // Hands `next` to every worker (with `fds`, its new listeners' sockets, per worker) and
     // waits until each runs it. publish_mutex_ held.
     tl::expected<void, std::string> reloadLocked(Config config);
+    // What following discovery for a config gave: the sets to build its generation from and,
+    // when a name had no first answer in time, awaitFirstAnswers()'s text naming it (fatal at
+    // start under startup: fail, a warning on reload).
+    struct Followed {
+        DiscoveredSets sets;
+        std::string unresolved;
+    };
+    // Start or reload: discovery started (the first config that has a discovered cluster) or
+    // told of `config`, and every name's first answer awaited (bounded). An error is discovery
+    // failing to start at all.
+    tl::expected<Followed, std::string> followDiscovery(const Config& config);
     void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
     // A discovered set changed (or, `force`, a weight): the next generation, from the running
     // config. Any thread; when another publish holds the mutex, that one builds again as it
