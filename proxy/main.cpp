@@ -76,27 +76,29 @@ void printReady(const Server& server) {
 }
 
 // Applies a SIGHUP's loaded config with the same checks and messages as at start. Any error
-// keeps the running config; either way one line says what happened.
+// keeps the running config; either way one line says what happened. The line is written
+// before the reload is counted: whoever sees zcrelay_config_reloads_total move (a scrape, an
+// alert, a test) can rely on the line that explains it being in the log already.
 void reload(Server& server, ConfigReader::Outcome outcome) {
     ProcessShared& process = server.process();
     if (auto* why = std::get_if<std::string>(&outcome)) {
-        process.reloads_failed.fetch_add(1);
         LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", why->c_str());
+        process.reloads_failed.fetch_add(1);
         return;
     }
     auto done = server.reload(std::move(std::get<Config>(outcome)));
     if (!done) {
-        process.reloads_failed.fetch_add(1);
         LOG_ERROR("SIGHUP: reload refused, the running config stays: %s", done.error().c_str());
+        process.reloads_failed.fetch_add(1);
         return;
     }
-    process.reloads_ok.fetch_add(1);
     LOG_INFO("SIGHUP: reloaded (generation %llu); effective config:\n%s",
              static_cast<unsigned long long>(server.current()->generation),
              renderConfig(server.config()).c_str());
     printListeners(server);
     std::printf("zcrelay: reloaded\n");
     std::fflush(stdout);
+    process.reloads_ok.fetch_add(1);
 }
 
 // One line for a signal that does nothing, then at most one every 10 s per signal: a script
