@@ -1022,9 +1022,12 @@ TEST_F(DiscoveryTest, NxdomainAndServfailAreCountedAndTheLastSetIsHeld) {
     const char* refused = rcodes ? "refused" : "unreachable";
     EXPECT_GE(valueIn(text, kResolutions, outcome("sf", servfail)), 2.0)
         << "SERVFAIL answers count as outcome=\"" << servfail << "\":" << outcomes("sf");
-    for (const char* other : {"no_records", "servfail", "refused", "timeout", "unreachable", "error"})
-        if (std::string(other) != servfail)
+    for (const char* other :
+         {"no_records", "servfail", "refused", "timeout", "unreachable", "error"}) {
+        if (std::string(other) != servfail) {
             EXPECT_EQ(valueIn(text, kResolutions, outcome("sf", other)), 0.0) << "sf " << other;
+        }
+    }
     EXPECT_LE(valueIn(text, kResolutions, outcome("sf", "nxdomain")), 1.0);
     EXPECT_GE(valueIn(text, kResolutions, outcome("rf", refused)), 2.0)
         << "REFUSED answers count as outcome=\"" << refused << "\":" << outcomes("rf");
