@@ -89,7 +89,7 @@ class ReloadDuringTransferTest : public ::testing::TestWithParam<std::string> {}
 TEST_P(ReloadDuringTransferTest, LiveTransferFinishesOnTheOldBackendNewConnectionsUseTheNewConfig) {
     const std::string mode = GetParam();
     constexpr uint64_t kSeed = 0x5167;
-    constexpr uint64_t kTotal = kSanitized ? 256 * kMiB : kGiB;
+    const uint64_t kTotal = kSanitized ? 256 * kMiB : kGiB;
     ScriptedUpstream a(AF_INET, sinkScript());
     ScriptedUpstream b(AF_INET, sinkScript());
     ASSERT_TRUE(a.ok()) << a.error();

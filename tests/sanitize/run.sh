@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
-# ctest's sanitize.KIND: build this source tree again with a sanitizer (address = ASan+UBSan,
-# thread = TSan) in a tree of its own, and run its unit, kernel and integration tests there.
+# ctest's sanitize.KIND: build the relay again with a sanitizer (address = ASan+UBSan, thread =
+# TSan) in a tree of its own, and run the unit, kernel and integration tests against it.
 #
-#   tests/sanitize/run.sh address|thread SOURCE_DIR BUILD_DIR
+#   tests/sanitize/run.sh address|thread SOURCE_DIR BUILD_DIR MAIN_TREE
+#
+# Two parts:
+#   - in BUILD_DIR, sanitized: the relay and the cases that run relay code in their own process
+#     (unit, kernel, and the HTTP server's, label integration-inprocess);
+#   - from MAIN_TREE, the integration cases that drive the relay through its sockets, run
+#     against BUILD_DIR's relay (ZCRELAY_TEST_RELAY). Their harness is not sanitized, the relay
+#     is. Compiling them again was half of this tree's build; a hand-made sanitizer tree
+#     (README, "Sanitizers") still builds and runs them all sanitized.
 #
 # A report fails the run: a sanitized test binary exits non-zero with one (UBSan aborts: the
 # tree builds with -fno-sanitize-recover), and RelayProcess fails any test whose relay printed
@@ -34,7 +42,7 @@
 #                 speed, where the main tree runs it. Its copy and splice siblings stay here.
 #   full          every unit, kernel and integration case.
 set -euo pipefail
-kind=$1 src=$2 tree=$3
+kind=$1 src=$2 tree=$3 main=$4
 profile=${ZCRELAY_SANITIZE_PROFILE:-ci}
 case $profile in
     ci) exclude='100MiB|SequentialBulkUnderTightBound|PrometheusScrape|PrometheusEvaluates'
@@ -49,6 +57,7 @@ esac
 # -O1 -g1: line tables are all a report's stack needs, and the tree builds in less time than
 # RelWithDebInfo's -O2 -g. Asserts stay on. No bench/ tools: no test runs them.
 cmake -S "$src" -B "$tree" -DZCRELAY_SANITIZE="$kind" -DZCRELAY_BUILD_BENCH=OFF \
+    -DZCRELAY_RELAY_TESTS=OFF \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" \
     >"$tree.configure.log" 2>&1 ||
@@ -59,4 +68,16 @@ cmake --build "$tree" -j"$(nproc)" >"$tree.build.log" 2>&1 ||
 export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 echo "sanitize.$kind: profile $profile, leaving out /$exclude/"
-exec ctest --test-dir "$tree" -L 'unit|kernel|integration' -LE soak -E "$exclude" --output-on-failure
+status=0
+echo "sanitize.$kind: the in-process cases, built with the sanitizer"
+ctest --test-dir "$tree" -L 'unit|kernel|integration' -E "$exclude" --output-on-failure || status=1
+# The main tree's cases, from a directory of their own: ctest writes its Testing/ logs beside
+# the test file it reads, and the main tree's are the ctest this script runs under.
+echo "sanitize.$kind: the main tree's relay cases against $tree/zcrelay"
+cases=$tree/relay-cases
+mkdir -p "$cases"
+printf 'subdirs("%s")\n' "$main/tests" >"$cases/CTestTestfile.cmake"
+ZCRELAY_TEST_RELAY="$tree/zcrelay" ZCRELAY_TEST_RELAY_SANITIZED=1 \
+    ctest --test-dir "$cases" -L integration -LE 'soak|inprocess' -E "$exclude" \
+    --output-on-failure || status=1
+exit $status

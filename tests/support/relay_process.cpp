@@ -18,6 +18,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 namespace zcrelay::test {
@@ -559,6 +560,20 @@ std::string formatSeries(const std::string& name, const Labels& labels) {
         out += "}";
     }
     return out;
+}
+
+const char* relayBinaryUnderTest() {
+    const char* named = std::getenv("ZCRELAY_TEST_RELAY");
+    return named != nullptr && *named != '\0' ? named : ZCRELAY_BINARY;
+}
+
+bool relayIsSanitized() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+    return true;
+#else
+    const char* said = std::getenv("ZCRELAY_TEST_RELAY_SANITIZED");
+    return said != nullptr && std::string_view(said) == "1";
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -31,7 +31,11 @@
 
 namespace zcrelay::test {
 
-inline constexpr const char* kRelayBinary = ZCRELAY_BINARY;
+// The relay under test: this build's binary (ZCRELAY_BINARY), or the one the environment names
+// in ZCRELAY_TEST_RELAY. A sanitizer tree (tests/sanitize/run.sh) runs the main tree's relay
+// cases that way against its own sanitized relay, rather than compiling them all again.
+const char* relayBinaryUnderTest();
+inline const char* const kRelayBinary = relayBinaryUnderTest();
 inline constexpr Millis kReadyTimeout{15'000};
 inline constexpr Millis kMetricTimeout{10'000};
 
@@ -186,13 +190,12 @@ class FlowDropRule {
 // relay set on them. In /proc/PID/fd order.
 std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_ports);
 
-// Built with ASan or TSan (tests/sanitize): the relay and the test run several times slower, so
-// cases whose size only adds volume move less.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = false;
-#endif
+// The relay under test is built with ASan or TSan (tests/sanitize): this test binary is, or
+// ZCRELAY_TEST_RELAY_SANITIZED=1 says so of ZCRELAY_TEST_RELAY. It runs several times slower,
+// so cases whose size only adds volume move less, and no address-space limit is put on it (its
+// shadow memory needs terabytes of address space).
+bool relayIsSanitized();
+inline const bool kSanitized = relayIsSanitized();
 
 // The three data paths a listener can run (`mode:`), for the TEST_Ps that cover each of them.
 inline const std::vector<std::string> kModes(kDataPathLabels.begin(), kDataPathLabels.end());
