@@ -143,6 +143,12 @@ int zcr_verdict(struct __sk_buff *skb)
 	if (st->consumed != st->passed || peer_in_flight(link, st, &in_flight) != 0 ||
 	    in_flight > st->limit)
 		goto pass;
+	/* Past max_connection_duration user space has shut this socket's reading side: what still
+	 * arrives stays here, where it reads what is queued until it finds none, as the copy path
+	 * does, and the count of redirected bytes stops moving, so the FIN can wait for exactly
+	 * those. Redirecting on would hand the peer a stream with no end to wait for. */
+	if (st->stop)
+		goto pass;
 	/* Fails only while the peer is not in zcr_socks: the insertion window, or teardown. */
 	if (bpf_sk_redirect_hash(skb, &zcr_socks, &link->peer_cookie, 0) != SK_PASS)
 		goto pass;

@@ -16,14 +16,15 @@ struct zcr_link {
 /* zcr_stats: one record per relayed socket, in an mmap()ed array, so user space reads the
  * counters with plain loads and never a syscall. Written by the program: redirected, passed,
  * replayed, skip_at, skip_len, skip_tail, next_seq, flags. Written by user space: consumed,
- * limit, skip_head (and all of it at link time).
+ * limit, skip_head, stop (and all of it at link time).
  *
  * The program redirects a socket's skb to its peer only while
  *   - the peer is in zcr_socks,
  *   - user space has queued on the peer every byte the program passed (consumed == passed), and
  *   - the bytes in flight towards the peer (redirected + consumed - the peer's bytes_acked)
  *     stay within limit: an egress redirect is charged to no socket, so without this bound a
- *     fast sender and a slow peer pin unbounded kernel memory (712 MiB in 1 s, measured).
+ *     fast sender and a slow peer pin unbounded kernel memory (712 MiB in 1 s, measured), and
+ *   - user space has not set stop (the connection reached max_connection_duration).
  * Otherwise it passes the skb: it stays on this socket (charged to its receive buffer, so the
  * TCP window closes) until user space moves it, in order, behind everything redirected. */
 #define ZCR_SKIPS 4 /* replayed stretches user space may have pending at once (a power of 2) */
@@ -43,6 +44,11 @@ struct zcr_sock_stats {
 	__u32 skip_tail;
 	__u32 next_seq; /* TCP sequence number after the last byte the verdict handled */
 	__u32 flags;    /* ZCR_SEQ_VALID, ZCR_BROKEN */
+	/* Non-zero: every skb from now on is passed, none redirected, so redirected is final once
+	 * the verdicts running when it was set have ended (see stopRedirecting). Its own field, not
+	 * a bit of flags: the program updates flags without an atomic. */
+	__u32 stop;
+	__u32 pad;
 };
 
 #define ZCR_SEQ_VALID 1u /* next_seq is set */

@@ -589,8 +589,7 @@ bool Connections::lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l)
         if (!c.ending && age >= limit) {
             endGracefully(c, slot);
         } else if (c.ending && age >= limit + kEndGraceMs) {
-            // Still not done: a peer that does not read what is left for it, or a sockmap
-            // stream the kernel keeps redirecting past the shut reading side. Both peers get
+            // Still not done: a peer that does not read what is left for it. Both peers get
             // an RST, so neither mistakes the cut for a clean end.
             LOG_DEBUG("%s: slot %u did not end within %lld ms of max_connection_duration; "
                       "resetting it",

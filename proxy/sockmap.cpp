@@ -100,6 +100,7 @@ Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index
     storeRelaxed(r.skip_tail, __u32{0});
     storeRelaxed(r.next_seq, __u32{0});
     storeRelaxed(r.flags, __u32{0});
+    storeRelaxed(r.stop, __u32{0});
     zcr_link l{peer_cookie, index, 0};
     if (bpf_map_update_elem(links_fd_, &cookie, &l, BPF_ANY) != 0)
         return sysError("bpf_map_update_elem(zcr_links)");

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 
 namespace zcrelay {
@@ -132,6 +133,18 @@ SockmapBarrier checkFinBarrier(int src, int dst, uint64_t src_skipped, uint64_t 
     // bytes_received counts the FIN as one byte.
     uint64_t received = in.tcpi_bytes_received > 0 ? in.tcpi_bytes_received - 1 : 0;
     return checkQueued(dst, received - std::min(received, src_skipped) + dst_extra);
+}
+
+void stopRedirecting(Sockmap& map, uint32_t index, int src) {
+    storeRelaxed(map.record(index).stop, __u32{1});
+    // A verdict that read stop before this store may still be redirecting. Verdicts run under
+    // src's socket lock (bh_lock_sock in softirq, or as its owner in release_sock), which
+    // TCP_INFO takes too (lock_sock_fast): once it returns, that verdict has ended and every
+    // later one reads the store, which the fence orders before the lock. (If TCP_INFO failed,
+    // src would be gone, and no verdict with it.)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    tcp_info info{};
+    (void)tcpInfo(src, info);
 }
 
 }  // namespace zcrelay

@@ -139,6 +139,9 @@ void SockmapPump::onWatch(const PumpPort& p, PumpEnv& env, int res, Step& out) {
 }
 
 void SockmapPump::checkEnd(const PumpPort& p, PumpEnv& env, Step& out) {
+    // Before the peek, so that what arrives from now on shows as passed bytes, which the copy
+    // reads until it finds none left: the end, as in the copy path.
+    stopIfEnding(p, env);
     SockmapEof e = checkEof(p.src, p.src_write_shut);
     switch (e.kind) {
         case SockmapEof::Eof:
@@ -210,7 +213,15 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
         out.on_src = side == dir_;
         return;
     }
-    if (!barrierDone(p, checkFinBarrier(p.src, p.dst, src_skipped_, dst_extra_), out)) return;
+    stopIfEnding(p, env);
+    // Past max_connection_duration src's count goes on growing with what its peer still sends,
+    // which the relay no longer takes: the FIN waits for what this direction moved, as catchUp
+    // does (the redirected count is final once stopped).
+    const SockmapBarrier b =
+        p.ending ? checkQueued(p.dst, loadRelaxed(env.sockmap->record(record()).redirected) +
+                                          copied_ + dst_extra_)
+                 : checkFinBarrier(p.src, p.dst, src_skipped_, dst_extra_);
+    if (!barrierDone(p, b, out)) return;
     out.moved += fold(*env.sockmap);
     if (!p.ending) ::shutdown(p.dst, SHUT_WR);
     phase_ = Phase::Finished;
@@ -218,6 +229,12 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     // src is done but, unless the other direction finished too, still its destination,
     // written by the kernel alone: only a poll notices an RST on it now.
     if (!p.src_write_shut) copy_.watch().armErrors(p);
+}
+
+void SockmapPump::stopIfEnding(const PumpPort& p, PumpEnv& env) {
+    if (!p.ending || stopped_) return;
+    stopped_ = true;
+    stopRedirecting(*env.sockmap, record(), p.src);
 }
 
 bool SockmapPump::barrierDone(const PumpPort& p, const SockmapBarrier& b, Step& out) {

@@ -17,7 +17,10 @@
 //                while the program's count says bytes are there); once all are consumed the
 //                program redirects again on its own.
 //   Ending       src's stream ended: the FIN waits until dst has queued every byte src
-//                received (the psock's backlog drains in the kernel, unseen).
+//                received (the psock's backlog drains in the kernel, unseen). Past
+//                max_connection_duration (PumpPort::ending) the program was told to stop
+//                redirecting as the end was seen, and the FIN waits for the bytes this
+//                direction moved, redirected and copied, since src goes on receiving.
 //   Finished     dst was shut down for writing; src is still watched for an RST, since it is
 //                the other direction's destination, written by the kernel alone.
 #include <cstdint>
@@ -71,6 +74,8 @@ class SockmapPump {
     void catchUp(const PumpPort& p, PumpEnv& env, Step& out);
     void advanceCopy(const PumpPort& p, PumpEnv& env, Step& out);
     void finBarrier(const PumpPort& p, PumpEnv& env, Step& out);
+    // Past max_connection_duration, once: the program passes src's bytes from now on.
+    void stopIfEnding(const PumpPort& p, PumpEnv& env);
     // True if the barrier `b` is passed; otherwise it waits (timer) or failed (out).
     bool barrierDone(const PumpPort& p, const SockmapBarrier& b, Step& out);
     // A timer for the next look; `back_off`: wait longer than last time (nothing moved).
@@ -81,6 +86,7 @@ class SockmapPump {
     uint8_t dir_;
     Phase phase_ = Phase::Redirecting;
     bool barrier_armed_ = false;  // a timer to look at a barrier (or the EOF) again
+    bool stopped_ = false;        // the program was told to stop redirecting (stopIfEnding)
     uint8_t barrier_step_ = 0;    // how many times it waited in a row (the back-off)
     uint32_t src_skipped_;
     uint32_t dst_extra_;

@@ -190,5 +190,61 @@ TEST_P(SockmapTest, PeerMissingPassesInsteadOfDropping) {
     EXPECT_EQ(k.passed, kFirst + kSecond) << k;
 }
 
+// Past max_connection_duration the pump sets a source's stop (stopRedirecting): what that
+// socket receives afterwards is passed, in order, and never reaches the peer, and the
+// redirected count stops moving, so the FIN can wait for exactly that many bytes. The other
+// direction, not told, goes on redirecting.
+TEST_P(SockmapTest, StopPassesWhatArrivesAfterItAndFreezesTheRedirectedCount) {
+    constexpr uint64_t kBefore = 1 * kMiB;
+    constexpr uint64_t kAfter = 256 * kKiB;
+    constexpr uint64_t kBack = 64 * kKiB;
+    constexpr uint32_t kBase = 20;
+    Relayed* p = connectPair();
+    ASSERT_NE(p, nullptr);
+    PairSetUp s = setUpPair(*map_, p->conn, p->fds, kBase, kUnbounded);
+    ASSERT_FALSE(s.fell_back) << label(s.reason);
+    int a = p->a.get(), c = p->client.get(), u = p->upstream.get();
+
+    IoResult sent, got;
+    PayloadVerifier at_u(kSeedUp);
+    {
+        Background sender(c, [&] { sent = test::sendPayload(c, kSeedUp, kBefore, 30s); });
+        got = readInto(u, at_u, kBefore, 30s);
+        sender.join();
+    }
+    ASSERT_TRUE(sent.ok()) << sent.describe();
+    ASSERT_TRUE(got.ok() && at_u.intact()) << "at U: " << describe(got, at_u);
+    ASSERT_TRUE(test::waitUntil([&] { return counters(kBase).redirected == kBefore; }, 5s))
+        << counters(kBase);
+
+    stopRedirecting(*map_, kBase, a);
+    EXPECT_EQ(loadRelaxed(map_->record(kBase).stop), 1u);
+    // Another payload, so that any byte of it at U, or of the first at A, shows.
+    PayloadVerifier at_a(kSeedDown);
+    {
+        Background sender(c, [&] { sent = test::sendPayload(c, kSeedDown, kAfter, 30s); });
+        got = readInto(a, at_a, kAfter, 30s);
+        sender.join();
+    }
+    ASSERT_TRUE(sent.ok()) << sent.describe();
+    EXPECT_TRUE(got.ok() && at_a.intact()) << "passed, at A: " << describe(got, at_a);
+    Counters k = counters(kBase);
+    EXPECT_EQ(k.redirected, kBefore) << "redirected after stop: " << k;
+    EXPECT_EQ(k.passed, kAfter) << k;
+    EXPECT_EQ(inq(u), 0u) << "a byte sent after stop reached U";
+
+    PayloadVerifier at_c(kSeedDown);
+    {
+        Background sender(u, [&] { sent = test::sendPayload(u, kSeedDown, kBack, 30s); });
+        got = readInto(c, at_c, kBack, 30s);
+        sender.join();
+    }
+    ASSERT_TRUE(sent.ok()) << sent.describe();
+    EXPECT_TRUE(got.ok() && at_c.intact()) << "at C: " << describe(got, at_c);
+    EXPECT_TRUE(test::waitUntil([&] { return counters(kBase + 1).redirected == kBack; }, 5s))
+        << "U -> C still redirects: " << counters(kBase + 1);
+    EXPECT_EQ(counters(kBase + 1).passed, 0u) << counters(kBase + 1);
+}
+
 }  // namespace
 }  // namespace zcrelay::sockmap_test
