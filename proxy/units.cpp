@@ -1,6 +1,7 @@
 #include "units.hpp"
 
 #include <array>
+#include <cstdint>
 #include <utility>
 
 namespace zcrelay {
@@ -82,7 +83,13 @@ tl::expected<Duration, std::string> parseDuration(std::string_view text) {
     // Round up, to the microsecond and then to the millisecond: a timeout shorter than asked
     // for would fire early, a slightly longer one is harmless.
     us = us / scale + (us % scale != 0);
-    return Duration{static_cast<Duration::rep>(us / 1000 + (us % 1000 != 0))};
+    const uint64_t ms = us / 1000 + (us % 1000 != 0);
+    // The largest duration is the largest whose milliseconds can be written back and read
+    // again: "Nms" is N * 1000 us. Rounded up, 18446744073709551615us would be
+    // 18446744073709552ms, which formatDuration writes and no parse takes (found by
+    // fuzz.units), and a reload reads the config as written back (--dump-config).
+    if (ms > UINT64_MAX / 1000) return tl::unexpected(quoted(text) + " is too large");
+    return Duration{static_cast<Duration::rep>(ms)};
 }
 
 tl::expected<uint64_t, std::string> parseSize(std::string_view text) {

@@ -49,6 +49,22 @@ TEST(ParseDuration, RejectsMalformedText) {
     EXPECT_EQ(parseDuration("9999999999999h").error(), "\"9999999999999h\" is too large");
 }
 
+// Every duration that parses writes back (formatDuration) to text that parses to it again: a
+// reload reads the config as --dump-config wrote it. UINT64_MAX microseconds rounds up to one
+// millisecond more than "Nms" can say (N * 1000 us), so it is too large; one millisecond less
+// is the largest duration, and it goes round.
+TEST(ParseDuration, TheLargestDurationWritesBackToItself) {
+    EXPECT_EQ(parseDuration("18446744073709551615us").error(),
+              "\"18446744073709551615us\" is too large");
+    EXPECT_EQ(parseDuration("00018446744073709551615us").error(),
+              "\"00018446744073709551615us\" is too large");
+    auto largest = parseDuration("18446744073709551000us");
+    ASSERT_TRUE(largest) << largest.error();
+    EXPECT_EQ(largest->count(), 18446744073709551);
+    EXPECT_EQ(formatDuration(*largest), "18446744073709551ms");
+    EXPECT_EQ(parseDuration(formatDuration(*largest)), *largest);
+}
+
 TEST(ParseSize, AcceptsBytesAndBinaryUnits) {
     EXPECT_EQ(parseSize("4096"), 4096u);
     EXPECT_EQ(parseSize("0"), 0u);
