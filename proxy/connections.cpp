@@ -719,7 +719,14 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         // SockmapTest.UpstreamResetMidStreamResetsClientPromptly with RecvWait::Kernel and no
         // shutdown(SHUT_RD) before the cancel; 0 of 400 with RecvWait::Caller, as now). Sends
         // are MSG_DONTWAIT for the same reason (pump/copy_pump.cpp).
-        ring_.cancelAndClose(fd);
+        // With nothing in flight (a connection that ended cleanly: both EOFs read, every send
+        // completed) there is nothing to cancel, and the close goes alone: two SQEs fewer per
+        // connection, and the cancel's walk over the ring's requests was 1.3 % of the relay's
+        // CPU in bench/run's connrate.
+        if (c.inflight == 0)
+            ring_.close(fd);
+        else
+            ring_.cancelAndClose(fd);
         fd = -1;
     }
     if (c.inflight == 0) freeConn(c, slot);

@@ -76,4 +76,14 @@ void Ring::cancelAndClose(int fd) {
 #endif
 }
 
+void Ring::close(int fd) {
+#ifdef ZCRELAY_TSAN
+    ::close(fd);  // see cancelAndClose
+#else
+    io_uring_sqe* s = sqe();
+    io_uring_prep_close(s, fd);
+    io_uring_sqe_set_data64(s, UserData{}.pack());
+#endif
+}
+
 }  // namespace zcrelay

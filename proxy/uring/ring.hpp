@@ -26,6 +26,9 @@ class Ring {
     // to the file, so only this frees the socket; the cancel is matched by file when it is
     // issued, so it must go in before the close. Both CQEs carry UserData{} (nothing to do).
     void cancelAndClose(int fd);
+    // Closes `fd` on the ring, for a socket nothing is armed on: no cancel to match (the cancel
+    // walks every request in flight on the ring). The CQE carries UserData{}.
+    void close(int fd);
     io_uring* raw() { return &ring_; }
     unsigned flags() const { return flags_; }
 
