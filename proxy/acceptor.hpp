@@ -78,6 +78,9 @@ class Acceptor {
         bool closed = false;
     };
     void close(Ring& ring, Listener& l);
+    // The TCP options `config` asks for on client sockets, set on the listening socket: every
+    // socket accepted from it inherits them.
+    static void setClientOptions(const Listener& l, const ListenerConfig& config);
 
     std::vector<Listener> listeners_;
     StatCounter& pauses_;

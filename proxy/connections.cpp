@@ -10,7 +10,6 @@
 
 #include "clock.hpp"
 #include "log.hpp"
-#include "tcp_options.hpp"
 
 namespace zcrelay {
 namespace {
@@ -119,7 +118,7 @@ bool Connections::accept(int fd, int32_t listener) {
     c.last_active_ms = now_ms_;
     lr.shared->stats[id_].accepted.add();
     stats_.accepted.add();
-    applyTcpOptions(fd, lr.config, lr.config.tcp_keepalive);
+    // The client socket's TCP options came with it from the listener (Acceptor).
     // The access log names the client when the connection ends, and by then getpeername()
     // fails: a socket that saw both FINs or an RST is in TCP_CLOSE, which the kernel answers
     // with ENOTCONN. Ask while it is still connected.
