@@ -5,13 +5,20 @@
 
 namespace zcrelay {
 
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait) {
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait,
+                  bool poll_first) {
     // No buffer address: IOSQE_BUFFER_SELECT lets the kernel pick one from the group when data
     // is actually there, so a waiting recv pins no memory.
     io_uring_prep_recv(sqe, src, nullptr, bufs.bufferSize(),
                        wait == RecvWait::Caller ? MSG_DONTWAIT : 0);
     sqe->flags |= IOSQE_BUFFER_SELECT;
     sqe->buf_group = bufs.group();
+    // A recv re-armed right after a short one finds src empty nearly always (a request/response
+    // stream: the answer comes only after what was read is sent on). Without the flag io_uring
+    // tries it at once anyway, a tcp_recvmsg() that takes the socket lock to return -EAGAIN,
+    // and only then arms its poll. With it, the poll goes first. Not with MSG_DONTWAIT
+    // (RecvWait::Caller): that recv must not wait, and would fail at once.
+    if (poll_first && wait == RecvWait::Kernel) sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
 }
 
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk) {
@@ -46,7 +53,7 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
         send_armed_ = true;
     }
     if (arm_recv) {
-        prepCopyRecv(p.sqe(Op::Recv), p.src, env.bufs, wait);
+        prepCopyRecv(p.sqe(Op::Recv), p.src, env.bufs, wait, src_emptied_);
         recv_armed_ = true;
     }
     if (queue_.full() && !recv_armed_) watch_.arm(p, eof_);

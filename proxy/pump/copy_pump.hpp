@@ -35,7 +35,10 @@ namespace zcrelay {
 // ConnectionMetricsTest.FullDuplexEchoesStartNoIoWqWorker/sockmap, io_uring_queue_async_work
 // opcode RECV). Caller: MSG_DONTWAIT, the recv completes with -EAGAIN and the worker waits.
 enum class RecvWait : uint8_t { Kernel, Caller };
-void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait);
+// `poll_first` (Kernel only): src is probably empty, so io_uring waits for data before its first
+// try (IORING_RECVSEND_POLL_FIRST).
+void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait,
+                  bool poll_first = false);
 
 // Buffers received on src and not yet fully sent to dst, in order. Bounded: recv is re-armed
 // only while there is room, which is the backpressure.
@@ -118,6 +121,7 @@ class CopyPump {
     bool recv_armed_ = false;  // a recv on src in flight
     bool send_armed_ = false;  // a send on dst in flight
     bool poll_out_ = false;    // POLLOUT armed on dst after a send found no room
+    bool src_emptied_ = false;  // the last recv took less than a buffer: src is probably empty
     SourceWatch watch_;
 };
 
@@ -129,6 +133,7 @@ CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_
     bool has_buffer = flags & IORING_CQE_F_BUFFER;
     uint16_t bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
     if (res > 0) {
+        src_emptied_ = static_cast<uint32_t>(res) < env.bufs.bufferSize();
         CopyChunk chunk{bid, keep(env.bufs.data(bid), static_cast<uint32_t>(res)), 0};
         if (chunk.len == 0)
             recycle(env, bid);
