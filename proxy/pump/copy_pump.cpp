@@ -63,7 +63,7 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
 void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
     recv_armed_ = false;
     if (flags & IORING_CQE_F_BUFFER) {
-        auto bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
+        uint16_t bid = env.bufs.take(flags);
         if (res > 0)
             recycle(env, bid);
         else

@@ -131,7 +131,7 @@ CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_
     recv_armed_ = false;
     if (p.ending && res == -ECONNRESET) res = 0;  // see PumpPort::ending
     bool has_buffer = flags & IORING_CQE_F_BUFFER;
-    uint16_t bid = static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT);
+    uint16_t bid = has_buffer ? env.bufs.take(flags) : 0;
     if (res > 0) {
         src_emptied_ = static_cast<uint32_t>(res) < env.bufs.bufferSize();
         CopyChunk chunk{bid, keep(env.bufs.data(bid), static_cast<uint32_t>(res)), 0};

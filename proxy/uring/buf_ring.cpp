@@ -5,21 +5,19 @@
 namespace zcrelay {
 
 Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group, uint32_t count,
-                                                 uint32_t size) {
+                                                 uint32_t size, uint32_t provided) {
     std::unique_ptr<BufRing> b(new BufRing());
     b->ring_ = ring;
     b->group_ = group;
     b->count_ = count;
     b->size_ = size;
+    b->provided_ = provided < count ? provided : count;
     b->ring_bytes_ = count * sizeof(io_uring_buf);
     void* r =
         mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
     if (r == MAP_FAILED) return sysError("mmap buffer ring");
     b->br_ = static_cast<io_uring_buf_ring*>(r);
-    // The buffers themselves: untouched pages cost nothing until a recv lands in them. The
-    // kernel takes buffers round the ring, not the most recently recycled one, so a long copy
-    // transfer touches every buffer in turn: RSS grows towards count * size per worker (16 MiB
-    // at 256 x 64 KiB) and stays there, bounded but not only what is in flight.
+    // The buffers themselves: untouched pages cost nothing until a recv lands in them.
     b->base_bytes_ = static_cast<size_t>(count) * size;
     void* d =
         mmap(nullptr, b->base_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
@@ -33,10 +31,12 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     reg.bgid = group;
     int ret = io_uring_register_buf_ring(ring, &reg, 0);
     if (ret < 0) return sysError("io_uring_register_buf_ring", -ret);
-    int mask = io_uring_buf_ring_mask(count);
-    for (uint32_t i = 0; i < count; ++i)
-        io_uring_buf_ring_add(b->br_, b->data(i), size, i, mask, i);
-    io_uring_buf_ring_advance(b->br_, count);
+    // Reserved once: recycling never allocates. The lowest buffers go in first, and the stack
+    // hands out the next lowest, so a light load keeps to the start of the mapping.
+    b->free_.reserve(count);
+    for (uint32_t i = count; i-- > b->provided_;) b->free_.push_back(static_cast<uint16_t>(i));
+    for (uint32_t i = 0; i < b->provided_; ++i) b->provide(static_cast<uint16_t>(i));
+    b->replenished_ = false;
     return b;
 }
 
@@ -48,9 +48,30 @@ BufRing::~BufRing() {
     if (base_ != nullptr) munmap(base_, base_bytes_);
 }
 
-void BufRing::recycle(uint16_t bid) {
+void BufRing::provide(uint16_t bid) {
     io_uring_buf_ring_add(br_, data(bid), size_, bid, io_uring_buf_ring_mask(count_), 0);
     io_uring_buf_ring_advance(br_, 1);
+    ++in_ring_;
+    replenished_ = true;
+}
+
+void BufRing::refill() {
+    while (in_ring_ < provided_ && !free_.empty()) {
+        uint16_t bid = free_.back();
+        free_.pop_back();
+        provide(bid);
+    }
+}
+
+uint16_t BufRing::take(uint32_t cqe_flags) {
+    --in_ring_;
+    refill();
+    return static_cast<uint16_t>(cqe_flags >> IORING_CQE_BUFFER_SHIFT);
+}
+
+void BufRing::recycle(uint16_t bid) {
+    free_.push_back(bid);
+    refill();
 }
 
 }  // namespace zcrelay

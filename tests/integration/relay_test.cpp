@@ -77,6 +77,14 @@ class RelayFixture {
     RelayProcess relay_;
 };
 
+// The fixture for a plain TEST: its helpers, public.
+class RelayFixtureAccess : public RelayFixture {
+  public:
+    using RelayFixture::connectClient;
+    using RelayFixture::startRelay;
+    RelayProcess& relay() { return relay_; }
+};
+
 class RelayModeTest : public RelayFixture, public ::testing::TestWithParam<std::string> {
   protected:
     const std::string& mode() const { return GetParam(); }
@@ -264,6 +272,11 @@ class NotsentLowatTest : public RelayModeTest {
         ScriptedUpstream up(AF_INET, echoScript());
         ASSERT_NO_FATAL_FAILURE(startRelay(
             up, mode(), [&](RelayConfig& c) { c.listeners.at(0).extra_yaml = extra_yaml; }));
+        ASSERT_NO_FATAL_FAILURE(expectLowatOfNextConnection(up, want));
+    }
+
+    // One more connection through the running relay: both its sockets have `want`.
+    void expectLowatOfNextConnection(const ScriptedUpstream& up, int want) {
         Connected client = connectClient();
         ASSERT_TRUE(client.fd) << client.error;
         // One echo: the upstream connection exists once the bytes came back.
@@ -295,7 +308,45 @@ TEST_P(NotsentLowatTest, ZeroLeavesItUnset) {
     ASSERT_NO_FATAL_FAILURE(expectLowat("    notsent_lowat: 0\n", 0));
 }
 
+// The client socket gets its options from the listening socket it was accepted on (the kernel
+// copies the listener), and a reload keeps that socket: the reload must set them on it anew.
+TEST_P(NotsentLowatTest, AReloadReachesTheClientSocketsAcceptedAfterIt) {
+    ScriptedUpstream up(AF_INET, echoScript());
+    RelayConfig config = singleListenerConfig(up.hostPort(), mode(), up.family());
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    ASSERT_NO_FATAL_FAILURE(expectLowatOfNextConnection(up, expectedDefault()));
+    config.listeners.at(0).extra_yaml = "    notsent_lowat: 256KiB\n";
+    ASSERT_TRUE(relay_.reload(config.yaml()));
+    ASSERT_NO_FATAL_FAILURE(expectLowatOfNextConnection(up, mode() == "sockmap" ? 0 : 256 * 1024));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, NotsentLowatTest, ::testing::ValuesIn(kModes), modeName);
+
+// Every upstream socket carries a per-socket local port range (the system's whole range), which
+// makes connect() search the ephemeral ports in order rather than even ports first: at high
+// connection rates toward one backend, where the relay's own TIME_WAIT ports pile up, that
+// search was 17 % of its CPU (proxy/upstream.cpp). Read off the relay's own socket.
+class UpstreamPortSearchTest : public RelayModeTest {};
+
+TEST_P(UpstreamPortSearchTest, TheUpstreamSocketHasAPerSocketPortRange) {
+    constexpr int kIpLocalPortRange = 51;  // linux/in.h
+    ScriptedUpstream up(AF_INET, echoScript());
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    Connected client = connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    std::vector<uint8_t> msg(64, 'x'), back(64);
+    ASSERT_TRUE(writeAll(client.fd.get(), msg.data(), msg.size()).ok());
+    ASSERT_TRUE(readExactly(client.fd.get(), back.data(), back.size()).ok());
+    std::vector<Fd> sockets = relaySocketsTo(relay_.pid(), {up.port()});
+    ASSERT_EQ(sockets.size(), 1u) << "the relay's upstream-side socket";
+    uint32_t range = 0;
+    socklen_t len = sizeof range;
+    ASSERT_EQ(::getsockopt(sockets[0].get(), IPPROTO_IP, kIpLocalPortRange, &range, &len), 0)
+        << strerror(errno);
+    EXPECT_EQ(range, 0xffff0000u) << "low 0 and high 65535: the sysctl's own bounds";
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, UpstreamPortSearchTest, ::testing::ValuesIn(kModes), modeName);
 
 // =============================================================================================
 // 2. Half-close: a FIN is a SHUT_WR on the other side; the other direction keeps flowing.
@@ -607,6 +658,31 @@ TEST_P(SlowReaderTest, SlowClientGetsEveryByteWhileRelayMemoryStaysBounded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, SlowReaderTest, ::testing::ValuesIn(kModes), modeName);
+
+// Copy mode's buffers are a pool per worker (256 x 64 KiB). The kernel takes provided buffers
+// in the order they were given; were the whole pool in its ring, one long transfer would touch
+// every buffer in turn and the relay would keep 16 MiB resident for one connection. Only a few
+// sit in the ring, topped up with the last recycled one (uring/buf_ring.hpp), so one
+// connection touches its queue's worth plus those few: about 2.5 MiB.
+TEST(CopyMemoryTest, OneLongTransferKeepsAFewBuffersResidentNotThePool) {
+    constexpr uint64_t kTotal = 200 * kMiB;
+    constexpr long kMaxGrowthKiB = 6 * 1024;
+    RelayFixtureAccess f;
+    ScriptedUpstream up(AF_INET, sourceScript(kSeedA, kTotal));
+    ASSERT_NO_FATAL_FAILURE(f.startRelay(up, "copy"));
+    auto rss0 = f.relay().rssKiB();
+    ASSERT_TRUE(rss0) << "cannot read VmRSS of pid " << f.relay().pid();
+    Connected client = f.connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    ReceiveCheck got = receivePayloadUntilEof(client.fd.get(), kSeedA, Millis{60'000});
+    ASSERT_EQ(got.bytes, kTotal) << got.describe();
+    ASSERT_LT(got.first_mismatch, 0) << got.describe();
+    auto rss1 = f.relay().rssKiB();
+    ASSERT_TRUE(rss1);
+    EXPECT_LT(*rss1 - *rss0, kMaxGrowthKiB)
+        << "relay RSS grew from " << *rss0 << " KiB to " << *rss1
+        << " KiB over one 200 MiB copy transfer: it should touch a few buffers, not the pool";
+}
 
 // =============================================================================================
 // 7, 8, 9. Many connections.

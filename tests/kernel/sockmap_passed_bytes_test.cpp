@@ -38,7 +38,7 @@ class PumpDriver {
         auto ring = Ring::create(256);
         if (!ring) return "ring: " + ring.error().message();
         ring_ = std::move(*ring);
-        auto bufs = BufRing::create(ring_->raw(), 0, 64, 64 * 1024);
+        auto bufs = BufRing::create(ring_->raw(), 0, 64, 64 * 1024, 64);
         if (!bufs) return "buffer ring: " + bufs.error().message();
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(0, 1024, stats_);
