@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/report.py [--summary] RESULTS.jsonl: one Markdown table per workload and parameter of a
 bench/run result file: each relay's median (min-max), ok/runs, relay CPU seconds, peak RSS, and
-where the records carry them, latency percentiles and relay CPU per GB.
+where the records carry them, latency percentiles, relay CPU per GB and the whole machine's CPU
+per GB (all CPUs, /proc/stat).
 
 --summary: one table instead, a row per relay and a column per headline measurement (the
 README's table); a cell is the median, "failed" when every run failed, "-" when not run.
@@ -23,9 +24,12 @@ def num(v, fmt="{:.1f}"):
 # GB, shown beside the rate it belongs to.
 SUMMARY = [
     ("half-close", "halfclose", "1MiB", "pass", None),
-    ("nc 1 GiB up MB/s (CPU s/GB)", "bulk-nc-upload", "1024MiB", "median+cpu", "{:.0f}"),
-    ("bulk 1×100 MiB MB/s (CPU s/GB)", "bulk", "1x100MiB", "median+cpu", "{:.0f}"),
-    ("bulk 100×10 MiB MB/s (CPU s/GB)", "bulk", "100x10MiB", "median+cpu", "{:.0f}"),
+    ("nc 1 GiB up MB/s (CPU s/GB: relay, machine)", "bulk-nc-upload", "1024MiB", "median+cpu",
+     "{:.0f}"),
+    ("bulk 1×100 MiB MB/s (CPU s/GB: relay, machine)", "bulk", "1x100MiB", "median+cpu",
+     "{:.0f}"),
+    ("bulk 100×10 MiB MB/s (CPU s/GB: relay, machine)", "bulk", "100x10MiB", "median+cpu",
+     "{:.0f}"),
     ("conn/s", "connrate", "50-in-flight", "median", "{:.0f}"),
     ("ping-pong 1 conn p50 / p99 µs", "pingpong", "1conn-64B", "p50+p99", "{:.1f}"),
     ("ping-pong 100 conns req/s", "pingpong", "100conn-64B", "median", "{:.0f}"),
@@ -45,7 +49,9 @@ def summary_cell(r, field, fmt):
         return "**failed**"
     if field == "median+cpu":
         cpu = r.get("relay_cpu_s_per_gb")
-        return fmt.format(r["median"]) + ("" if cpu is None else f" ({cpu:.2f})")
+        system = r.get("system_cpu_s_per_gb")
+        parts = [f"{v:.2f}" for v in (cpu, system) if v is not None]
+        return fmt.format(r["median"]) + (f" ({', '.join(parts)})" if parts else "")
     if field == "median+us":
         us = r.get("relay_cpu_us_per_conn")
         return fmt.format(r["median"]) + ("" if us is None else f" ({us:.0f})")
@@ -84,6 +90,7 @@ def main(path, only_summary=False):
         rows = [r for r in recs if (r["workload"], r["param"]) == (workload, param)]
         latency = any("p99_us" in r for r in rows)
         per_gb = any("relay_cpu_s_per_gb" in r for r in rows)
+        system_gb = any(r.get("system_cpu_s_per_gb") is not None for r in rows)
         per_conn = any("relay_cpu_us_per_conn" in r for r in rows)
         busy = any("load_cpu_busy_pct" in r for r in rows)
         print(f"#### {workload} {param} ({rows[0]['unit']})\n")
@@ -92,6 +99,8 @@ def main(path, only_summary=False):
             cols.append("p50 / p99 / p99.9 µs")
         if per_gb:
             cols.append("relay CPU s/GB")
+        if system_gb:
+            cols.append("whole-machine CPU s/GB")
         if per_conn:
             cols.append("relay CPU µs/conn (min–max)")
         if busy:
@@ -107,6 +116,8 @@ def main(path, only_summary=False):
                              f"{num(r.get('p999_us'))}")
             if per_gb:
                 cells.append(num(r.get("relay_cpu_s_per_gb"), "{:.3f}"))
+            if system_gb:
+                cells.append(num(r.get("system_cpu_s_per_gb"), "{:.3f}"))
             if per_conn:
                 cells.append(f"{num(r.get('relay_cpu_us_per_conn'))} "
                              f"({num(r.get('relay_cpu_us_per_conn_min'))}–"

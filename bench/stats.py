@@ -513,6 +513,12 @@ def metric_value(r, metric):
     if metric == "cpu_per_conn":
         v = r.get("relay_cpu_us_per_conn")
         return None if v is None else float(v)
+    if metric == "system_cpu_per_gb":
+        v = r.get("system_cpu_s_per_gb")
+        return None if v is None else float(v)
+    if metric == "peak_rss":
+        v = r.get("peak_rss_kib")
+        return None if v is None else float(v)
     raise ValueError(metric)
 
 
@@ -525,6 +531,8 @@ def metrics_of(r):
         out.append(("median", f"{unit} (median)", True))
         if BYTE_RATE.match(unit) and cpu_per_gb(r) is not None:
             out.append(("cpu_per_gb", "relay CPU s/GB", False))
+        if BYTE_RATE.match(unit) and r.get("system_cpu_s_per_gb") is not None:
+            out.append(("system_cpu_per_gb", "whole-machine CPU s/GB", False))
         if r.get("relay_cpu_us_per_conn") is not None:
             out.append(("cpu_per_conn", "relay CPU µs/conn", False))
     elif kind in ("latency", "memory"):
@@ -535,19 +543,29 @@ def metrics_of(r):
 
 # --------------------------------------------------------------------------- ratios
 
-# The issue's targets (ratios in one run), in bench/run's names: workload, param and relay
-# globs. "against" matching several relays means the best of them ("HAProxy's best mode").
+# The issues' targets (ratios in one run), in bench/run's names: workload, param and relay
+# globs. "against" matching several relays means the best of them ("HAProxy's best mode"); so
+# does "ours" (default: every zcrelay mode). Metrics: median (the workload's unit), cpu_per_gb
+# (relay CPU s/GB), system_cpu_per_gb (all CPUs, /proc/stat, s/GB), p99, peak_rss (KiB).
 TARGETS = [
-    # label, workload, param, metric, against, op, bound
+    # label, workload, param, metric, against, op, bound[, ours]
     ("bulk, 100 clients, vs HAProxy forced splice", "bulk", "100x*", "median",
      "haproxy-splice", ">=", 1.3),
     ("relay CPU per GB, bulk 100 clients, vs HAProxy forced splice", "bulk", "100x*",
      "cpu_per_gb", "haproxy-splice", "<=", 0.5),
-    ("connection rate vs HAProxy's best mode", "connrate", "*", "median", "haproxy-*", ">=", 1.0),
+    ("whole-machine CPU per GB, bulk 100 clients, vs HAProxy forced splice", "bulk", "100x*",
+     "system_cpu_per_gb", "haproxy-splice", "<=", 0.8),
+    ("whole-machine CPU per GB, nc 1 GiB upload, vs HAProxy forced splice", "bulk-nc-upload",
+     "1024MiB", "system_cpu_per_gb", "haproxy-splice", "<=", 0.8),
+    ("connection rate vs HAProxy's best mode", "connrate", "*", "median", "haproxy-*", ">=",
+     1.15),
+    ("connection rate vs no relay", "connrate", "*", "median", "direct", ">=", 0.95),
     ("ping-pong, 100 connections, vs HAProxy's best mode", "pingpong", "100conn*", "median",
-     "haproxy-*", ">=", 1.3),
+     "haproxy-*", ">=", 1.25),
     ("ping-pong, 1 connection, p99 vs HAProxy's best mode", "pingpong", "1conn*", "p99",
      "haproxy-*", "<=", 1.0),
+    ("copy mode's peak RSS, bulk 100 clients, vs HAProxy's lowest", "bulk", "100x*",
+     "peak_rss", "haproxy-*", "<=", 1.0, "zcrelay-copy"),
     ("bulk vs the no-relay ceiling", "bulk", "*", "median", "direct", ">=", 0.8),
 ]
 
@@ -661,15 +679,16 @@ def cmd_ratios(a):
         ours_globs = names
     rows = []
     if a.targets:
-        for label, wl, param, metric, vs, op, bound in TARGETS:
+        for label, wl, param, metric, vs, op, bound, *own in TARGETS:
             found = False
             for (w, p, u), grp in groups.items():
                 if not (fnmatch.fnmatchcase(w, wl) and fnmatch.fnmatchcase(p, param)):
                     continue
-                if metric in ("median", "cpu_per_gb") and unit_kind(u) != "rate":
+                if metric in ("median", "cpu_per_gb", "system_cpu_per_gb") and \
+                        unit_kind(u) != "rate":
                     continue
                 higher = metric == "median"
-                for og in ours_globs:
+                for og in (own or ours_globs):
                     row = ratio_row(grp, og, vs, metric, label, higher, a, a.results)
                     if row is None:
                         continue
