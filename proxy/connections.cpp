@@ -57,7 +57,8 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
     if (c.generation != ud.generation || c.state == ConnState::Free) {
         LOG_ERROR("stale completion op=%d slot=%u gen=%u (slot gen %u): bookkeeping bug",
                   static_cast<int>(ud.op), ud.slot, ud.generation, c.generation);
-        if (cqe->flags & IORING_CQE_F_BUFFER) pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags));
+        if (cqe->flags & IORING_CQE_F_BUFFER)
+            pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags, cqe->res).bid);
         return;
     }
     --c.inflight;
@@ -89,7 +90,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
                 onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags);
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
-                pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags));
+                pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags, cqe->res).bid);
             }
             break;
         default:

@@ -29,7 +29,8 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
     // (TCP_NOTSENT_LOWAT makes POLLOUT and the send's own check disagree) is handed to an io-wq
     // thread that blocks in sendmsg: 3 iou-wrk threads after 8 full-duplex 1 MiB echoes,
     // measured with the io_uring:io_uring_queue_async_work tracepoint (opcode SEND).
-    io_uring_prep_send(sqe, dst, bufs.data(chunk.bid) + chunk.sent, chunk.len - chunk.sent,
+    io_uring_prep_send(sqe, dst, bufs.data(chunk.bid) + chunk.offset + chunk.sent,
+                       chunk.len - chunk.sent,
                        MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
@@ -63,7 +64,7 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
 void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
     recv_armed_ = false;
     if (flags & IORING_CQE_F_BUFFER) {
-        uint16_t bid = env.bufs.take(flags);
+        uint16_t bid = env.bufs.take(flags, res).bid;
         if (res > 0)
             recycle(env, bid);
         else

@@ -44,6 +44,7 @@ void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait
 // only while there is room, which is the backpressure.
 struct CopyChunk {
     uint16_t bid = 0;
+    uint32_t offset = 0;  // where in the buffer the recv put the bytes (BufRing::Piece)
     uint32_t len = 0;
     uint32_t sent = 0;
 };
@@ -131,17 +132,19 @@ CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_
     recv_armed_ = false;
     if (p.ending && res == -ECONNRESET) res = 0;  // see PumpPort::ending
     bool has_buffer = flags & IORING_CQE_F_BUFFER;
-    uint16_t bid = has_buffer ? env.bufs.take(flags) : 0;
+    BufRing::Piece piece = has_buffer ? env.bufs.take(flags, res) : BufRing::Piece{};
     if (res > 0) {
-        src_emptied_ = static_cast<uint32_t>(res) < env.bufs.bufferSize();
-        CopyChunk chunk{bid, keep(env.bufs.data(bid), static_cast<uint32_t>(res)), 0};
+        // Less than the room the buffer had: what src held is read.
+        src_emptied_ = static_cast<uint32_t>(res) < env.bufs.bufferSize() - piece.offset;
+        char* data = env.bufs.data(piece.bid) + piece.offset;
+        CopyChunk chunk{piece.bid, piece.offset, keep(data, static_cast<uint32_t>(res)), 0};
         if (chunk.len == 0)
-            recycle(env, bid);
+            recycle(env, piece.bid);
         else
             queue_.push(chunk);
         return Got::Data;
     }
-    if (has_buffer) env.bufs.recycle(bid);
+    if (has_buffer) env.bufs.recycle(piece.bid);
     if (res == 0) {
         eof_ = true;
         return Got::Eof;

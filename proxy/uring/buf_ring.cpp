@@ -2,7 +2,16 @@
 
 #include <sys/mman.h>
 
+#include <cerrno>
+
 namespace zcrelay {
+namespace {
+
+// Linux 6.12's uapi; liburing 2.3's header predates both.
+constexpr uint16_t kPbufRingInc = 2;         // IOU_PBUF_RING_INC
+constexpr uint32_t kCqeBufMore = 1u << 4;    // IORING_CQE_F_BUF_MORE
+
+}  // namespace
 
 Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group, uint32_t count,
                                                  uint32_t size, uint32_t provided) {
@@ -29,8 +38,16 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     reg.ring_addr = reinterpret_cast<uint64_t>(b->br_);
     reg.ring_entries = count;
     reg.bgid = group;
+    // liburing 2.3's io_uring_buf_reg calls the kernel's `flags` field `pad`.
+    reg.pad = kPbufRingInc;
     int ret = io_uring_register_buf_ring(ring, &reg, 0);
+    b->incremental_ = ret == 0;
+    if (ret == -EINVAL) {  // before Linux 6.12: a buffer per recv
+        reg.pad = 0;
+        ret = io_uring_register_buf_ring(ring, &reg, 0);
+    }
     if (ret < 0) return sysError("io_uring_register_buf_ring", -ret);
+    b->use_.resize(count);
     // Reserved once: recycling never allocates. The lowest buffers go in first, and the stack
     // hands out the next lowest, so a light load keeps to the start of the mapping.
     b->free_.reserve(count);
@@ -63,13 +80,25 @@ void BufRing::refill() {
     }
 }
 
-uint16_t BufRing::take(uint32_t cqe_flags) {
-    --in_ring_;
-    refill();
-    return static_cast<uint16_t>(cqe_flags >> IORING_CQE_BUFFER_SHIFT);
+BufRing::Piece BufRing::take(uint32_t cqe_flags, int res) {
+    Piece piece{static_cast<uint16_t>(cqe_flags >> IORING_CQE_BUFFER_SHIFT), 0};
+    Use& u = use_[piece.bid];
+    piece.offset = u.filled;
+    if (res > 0) u.filled += static_cast<uint32_t>(res);
+    ++u.pieces;
+    // BUF_MORE: the buffer has room left and stays at the ring's head for the next recv.
+    if (!(cqe_flags & kCqeBufMore)) {
+        u.left = true;
+        --in_ring_;
+        refill();
+    }
+    return piece;
 }
 
 void BufRing::recycle(uint16_t bid) {
+    Use& u = use_[bid];
+    if (--u.pieces > 0 || !u.left) return;
+    u = Use{};
     free_.push_back(bid);
     refill();
 }

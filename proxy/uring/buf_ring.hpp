@@ -3,13 +3,20 @@
 // holds no buffer at all. The copy path's memory is this pool, shared by a worker's connections
 // and bounded by count x size.
 //
-// The kernel takes buffers from the ring in the order they were added. Were every free buffer
-// in the ring, a recycled one would come back only after all the others, and a long copy
-// transfer would touch the whole pool in turn: RSS would grow to count x size per worker (16 MiB
-// at 256 x 64 KiB) for a single connection. So only `provided` buffers sit in the ring; the
-// other free ones wait on a stack in user space, and the ring is topped up from its top, the
-// most recently recycled buffer, whose pages are resident already. The pages touched stay near
-// the most buffers ever in use at once, plus `provided`.
+// Two things keep what the pool touches near what is in use:
+//   the stack   the kernel takes buffers from the ring in the order they were added. Were every
+//               free buffer in the ring, a recycled one would come back only after all the
+//               others, and one long copy transfer would touch the whole pool in turn: 16 MiB
+//               resident per worker at 256 x 64 KiB. So only `provided` buffers sit in the ring;
+//               the other free ones wait on a stack in user space, and the ring is topped up from
+//               its top, the most recently recycled buffer, whose pages are resident already.
+//   increments  with IOU_PBUF_RING_INC (Linux 6.12) a recv uses only what it received of the
+//               buffer at the ring's head, and the next recv goes on where it ended: 64-byte
+//               messages of many connections share one buffer instead of taking one each. Without
+//               it, 50 connections' requests took more buffers at once than the ring held, and
+//               each recv that found it empty (-ENOBUFS) cost a retry, a watch and its cancel
+//               (2.2 SQEs per connection more, bench/costs.sh). A buffer then goes back to the
+//               stack once the kernel has moved past it and every piece of it was recycled.
 #include <liburing.h>
 
 #include <cstdint>
@@ -24,7 +31,8 @@ class BufRing {
   public:
     // liburing 2.3 has no io_uring_setup_buf_ring: map the ring ourselves and register it.
     // `count` buffers of `size` bytes, `provided` of them in the ring at a time (count a power
-    // of two, provided <= count).
+    // of two, provided <= count). Increments are asked for, and done without where the kernel
+    // refuses them.
     static Result<std::unique_ptr<BufRing>> create(io_uring* ring, uint16_t group, uint32_t count,
                                                    uint32_t size, uint32_t provided);
     ~BufRing();
@@ -32,12 +40,19 @@ class BufRing {
     uint16_t group() const { return group_; }
     uint32_t bufferSize() const { return size_; }
     char* data(uint16_t bid) { return base_ + static_cast<size_t>(bid) * size_; }
-    // The buffer a CQE carries (its flags have IORING_CQE_F_BUFFER): the kernel took it from
-    // the ring. Every such CQE's buffer is taken here, once, and later recycled, once: that is
-    // how the ring's fill is known (the kernel's head is not in shared memory).
-    uint16_t take(uint32_t cqe_flags);
-    // Give buffer `bid` back (each taken buffer exactly once).
+    // The piece of a buffer a recv's CQE carries (its flags have IORING_CQE_F_BUFFER): `res`
+    // bytes at data(bid) + offset. Every such CQE's piece is taken here, once, and later
+    // recycled, once: that is how the ring's fill is known (the kernel's head is not in shared
+    // memory).
+    struct Piece {
+        uint16_t bid = 0;
+        uint32_t offset = 0;
+    };
+    Piece take(uint32_t cqe_flags, int res);
+    // Give a piece of buffer `bid` back (each taken piece exactly once).
     void recycle(uint16_t bid);
+    // Whether recvs share buffers (IOU_PBUF_RING_INC was accepted).
+    bool incremental() const { return incremental_; }
     // Whether buffers went into the ring since the last call: a recv that found it empty
     // (-ENOBUFS) while free buffers waited on the stack can try again.
     bool replenished() {
@@ -45,8 +60,6 @@ class BufRing {
         replenished_ = false;
         return r;
     }
-    // Buffers taken and not yet recycled: what the copy paths hold.
-    uint32_t inUse() const { return count_ - in_ring_ - static_cast<uint32_t>(free_.size()); }
 
   private:
     BufRing() = default;
@@ -64,6 +77,15 @@ class BufRing {
     uint32_t provided_ = 0;         // the ring's fill to keep
     uint32_t in_ring_ = 0;          // buffers in the ring now
     std::vector<uint16_t> free_;    // free buffers not in the ring; the last recycled on top
+    // Per buffer: how far recvs have filled it, the pieces of it not yet recycled, and whether
+    // the kernel has moved past it (without increments, after every recv).
+    struct Use {
+        uint32_t filled = 0;
+        uint32_t pieces = 0;
+        bool left = false;
+    };
+    std::vector<Use> use_;
+    bool incremental_ = false;
     bool replenished_ = false;
 };
 
