@@ -23,9 +23,11 @@ constexpr unsigned kRingEntries = 4096;
 constexpr uint32_t kCopyBuffers = 256;  // per worker; a power of two (buffer ring)
 constexpr uint32_t kCopyBufferSize = 64 * 1024;
 // Of them in the kernel's ring at a time (uring/buf_ring.hpp). Measured, 1 worker, 100 clients x
-// 10 MiB through copy mode: peak RSS 25.7 MiB with the whole pool in the ring, 15.2 with 32,
-// 12.3 with 16, 12.8 with 8, at the same MB/s (1,128-1,309 across all of them, run to run).
-constexpr uint32_t kCopyProvided = 16;
+// 10 MiB through copy mode: peak RSS 25.7 MiB with the whole pool in the ring, 12.5 with 16,
+// 14.4 with 32, 18.5 with 64. Fewer in the ring means more recvs find it empty (-ENOBUFS) and
+// go again: 39, 33.5 and 25.9 recvs per MB against 20.8 with the whole pool, and with 16 the
+// relay CPU per GB was 1.45x (bench/ab.sh); 32 is within the noise of it.
+constexpr uint32_t kCopyProvided = 32;
 constexpr uint16_t kBufGroup = 0;
 // Pipes stop this far below RLIMIT_NOFILE: half of the fds the server keeps in reserve.
 constexpr rlim_t kPipeFdHeadroom = 32;
@@ -311,6 +313,8 @@ void Worker::onTick() {
     // Idle timeouts and the drain deadline: a linear sweep, a few times a second. A sweep over
     // 10k slots is microseconds, far cheaper than a timer per connection on the data path.
     conns_->sweep(draining_ && now_ms_ >= drain_deadline_ms_, tick_ms_);
+    // Starved copy directions left over by a round's budget, should no buffer come back.
+    conns_->retryStarved();
     restoreEjected();
     resumeAccepting();
     armTick();

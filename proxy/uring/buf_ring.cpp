@@ -41,7 +41,6 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     // liburing 2.3's io_uring_buf_reg calls the kernel's `flags` field `pad`.
     reg.pad = kPbufRingInc;
     int ret = io_uring_register_buf_ring(ring, &reg, 0);
-    b->incremental_ = ret == 0;
     if (ret == -EINVAL) {  // before Linux 6.12: a buffer per recv
         reg.pad = 0;
         ret = io_uring_register_buf_ring(ring, &reg, 0);

@@ -51,8 +51,8 @@ class BufRing {
     Piece take(uint32_t cqe_flags, int res);
     // Give a piece of buffer `bid` back (each taken piece exactly once).
     void recycle(uint16_t bid);
-    // Whether recvs share buffers (IOU_PBUF_RING_INC was accepted).
-    bool incremental() const { return incremental_; }
+    // Buffers in the kernel's ring now: how many recvs can get one before it runs dry.
+    uint32_t inRing() const { return in_ring_; }
     // Whether buffers went into the ring since the last call: a recv that found it empty
     // (-ENOBUFS) while free buffers waited on the stack can try again.
     bool replenished() {
@@ -85,7 +85,6 @@ class BufRing {
         bool left = false;
     };
     std::vector<Use> use_;
-    bool incremental_ = false;
     bool replenished_ = false;
 };
 
