@@ -150,6 +150,7 @@ CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_
         return Got::Eof;
     }
     if (res == -ENOBUFS) {
+        env.bufs.ranDry();
         // With nothing queued and nothing to send, only a watch notices an RST meanwhile.
         if (!send_armed_ && queue_.empty()) watch_.arm(p, eof_);
         return Got::Starved;

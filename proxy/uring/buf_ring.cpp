@@ -20,7 +20,8 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     b->group_ = group;
     b->count_ = count;
     b->size_ = size;
-    b->provided_ = provided < count ? provided : count;
+    b->provided_max_ = provided < count ? provided : count;
+    b->provided_ = kStartFill < b->provided_max_ ? kStartFill : b->provided_max_;
     b->ring_bytes_ = count * sizeof(io_uring_buf);
     void* r =
         mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
@@ -92,6 +93,12 @@ BufRing::Piece BufRing::take(uint32_t cqe_flags, int res) {
         refill();
     }
     return piece;
+}
+
+void BufRing::ranDry() {
+    if (free_.empty() || provided_ >= provided_max_) return;  // the pool itself is spent
+    provided_ = provided_ * 2 < provided_max_ ? provided_ * 2 : provided_max_;
+    refill();
 }
 
 void BufRing::recycle(uint16_t bid) {
