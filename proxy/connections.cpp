@@ -58,7 +58,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
         LOG_ERROR("stale completion op=%d slot=%u gen=%u (slot gen %u): bookkeeping bug",
                   static_cast<int>(ud.op), ud.slot, ud.generation, c.generation);
         if (cqe->flags & IORING_CQE_F_BUFFER)
-            pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags, cqe->res).bid);
+            pumps_.bufs.drop(cqe->flags, cqe->res);
         return;
     }
     --c.inflight;
@@ -90,7 +90,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
                 onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags);
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
-                pumps_.bufs.recycle(pumps_.bufs.take(cqe->flags, cqe->res).bid);
+                pumps_.bufs.drop(cqe->flags, cqe->res);
             }
             break;
         default:
@@ -621,7 +621,6 @@ void Connections::endGracefully(Conn& c, uint32_t slot) {
 
 void Connections::retryStarved() {
     // Swap out first: a retry that is starved again re-enters the list for the next round.
-    pumps_.buffers_freed = false;
     starved_retry_.clear();
     starved_retry_.swap(starved_);
     // No more retries than the ring has buffers: with 100 bulk clients, every direction retried

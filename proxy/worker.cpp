@@ -150,10 +150,8 @@ void Worker::loop() {
             ++count;
         }
         io_uring_cq_advance(ring_->raw(), count);
-        // A recv that found the ring empty while free buffers waited on the stack goes again
-        // once they are in: the ring is topped up as buffers are taken.
-        if (bufs_->replenished()) pumps_->buffers_freed = true;
-        if (pumps_->buffers_freed) conns_->retryStarved();
+        // A recv that found the ring empty goes again once buffers went into it.
+        if (bufs_->replenished()) conns_->retryStarved();
         if (conns_->resumeWanted()) resumeAccepting();
     }
 }

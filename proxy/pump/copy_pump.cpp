@@ -34,11 +34,6 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
                        MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-void CopyPump::recycle(PumpEnv& env, uint16_t bid) {
-    env.bufs.recycle(bid);
-    env.buffers_freed = true;
-}
-
 CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv, RecvWait wait) {
     // Not while waiting for POLLOUT on dst after a send found no room (prepCopySend).
     bool arm_send = !send_armed_ && !poll_out_ && !queue_.empty();
@@ -63,13 +58,7 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
 
 void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
     recv_armed_ = false;
-    if (flags & IORING_CQE_F_BUFFER) {
-        uint16_t bid = env.bufs.take(flags, res).bid;
-        if (res > 0)
-            recycle(env, bid);
-        else
-            env.bufs.recycle(bid);
-    }
+    if (flags & IORING_CQE_F_BUFFER) env.bufs.drop(flags, res);
 }
 
 int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res) {
@@ -88,7 +77,7 @@ int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res) {
     CopyChunk& chunk = queue_.front();
     chunk.sent += static_cast<uint32_t>(res);
     if (chunk.sent == chunk.len) {
-        recycle(env, chunk.bid);
+        env.bufs.recycle(chunk.bid);
         queue_.pop();
     }
     return res;
@@ -152,7 +141,7 @@ Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uin
 
 void CopyPump::reclaim(PumpEnv& env) {
     while (!queue_.empty()) {
-        recycle(env, queue_.front().bid);
+        env.bufs.recycle(queue_.front().bid);
         queue_.pop();
     }
 }

@@ -114,7 +114,6 @@ class CopyPump {
 
   private:
     Step settle(const PumpPort& p, Flow flow);
-    void recycle(PumpEnv& env, uint16_t bid);
 
     CopyQueue queue_;          // buffers in flight
     bool eof_ = false;         // src returned end of stream
@@ -139,7 +138,7 @@ CopyPump::Got CopyPump::onRecv(const PumpPort& p, PumpEnv& env, int res, uint32_
         char* data = env.bufs.data(piece.bid) + piece.offset;
         CopyChunk chunk{piece.bid, piece.offset, keep(data, static_cast<uint32_t>(res)), 0};
         if (chunk.len == 0)
-            recycle(env, piece.bid);
+            env.bufs.recycle(piece.bid);
         else
             queue_.push(chunk);
         return Got::Data;

@@ -98,7 +98,6 @@ struct PumpEnv {
     PipePool& pipes;
     Sockmap* sockmap;  // null when the program is not loaded
     WorkerStats& stats;
-    bool buffers_freed = false;  // a buffer went back to the ring: starved directions may go on
 };
 
 // A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data

@@ -57,13 +57,17 @@ class BufRing {
     Piece take(uint32_t cqe_flags, int res);
     // Give a piece of buffer `bid` back (each taken piece exactly once).
     void recycle(uint16_t bid);
+    // A recv CQE whose bytes nobody wants (it completed as its connection closed, or after
+    // its direction stopped): its piece is taken and recycled at once.
+    void drop(uint32_t cqe_flags, int res) { recycle(take(cqe_flags, res).bid); }
     // Buffers in the kernel's ring now: how many recvs can get one before it runs dry.
     uint32_t inRing() const { return in_ring_; }
     // A recv found the ring empty (-ENOBUFS). If free buffers were waiting on the stack, the ring
     // held too few for the load: it holds twice as many from now on, up to `provided`.
     void ranDry();
     // Whether buffers went into the ring since the last call: a recv that found it empty
-    // (-ENOBUFS) while free buffers waited on the stack can try again.
+    // (-ENOBUFS) can try again. A recycled piece that frees no buffer, or a freed buffer that
+    // waits on the stack because the ring is full, does not count: neither helps such a recv.
     bool replenished() {
         bool r = replenished_;
         replenished_ = false;

@@ -71,9 +71,8 @@ class PumpDriver {
             }
             io_uring_cq_advance(ring_->raw(), count);
             if (!err.empty()) return err;
-            if (starved_ && env_->buffers_freed) {
+            if (bufs_->replenished() && starved_) {
                 starved_ = false;
-                env_->buffers_freed = false;
                 if (err = take(pump_.resume(port(), *env_)); !err.empty()) return err;
             }
             if (Clock::now() >= next_scan) {
