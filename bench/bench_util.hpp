@@ -1,9 +1,12 @@
 #pragma once
-// What the bench tools share: a monotonic clock and "127.0.0.1:PORT" parsing. Header-only and
-// free of any relay code, so each tool stays a plain-sockets program.
+// What the bench tools share: a monotonic clock, CPU time, pinning and "127.0.0.1:PORT"
+// parsing. Header-only and free of any relay code, so each tool stays a plain-sockets program.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +27,24 @@ inline int64_t nowNs() {
     timespec ts{};
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
     return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// User + system CPU time of the calling thread (RUSAGE_THREAD) or the process (RUSAGE_SELF).
+inline int64_t cpuNs(int who) {
+    rusage ru{};
+    ::getrusage(who, &ru);
+    auto ns = [](const timeval& tv) {
+        return int64_t{tv.tv_sec} * 1'000'000'000 + int64_t{tv.tv_usec} * 1000;
+    };
+    return ns(ru.ru_utime) + ns(ru.ru_stime);
+}
+
+// Pins the calling thread to `cpu`; 0 or the error number.
+inline int pinThisThread(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
 }
 
 // A pseudo-random pattern of `period` bytes (xorshift64 from `seed`, so both ends make the same

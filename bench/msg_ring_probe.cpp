@@ -45,6 +45,9 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
+#include "probe_ring.hpp"
+
 namespace {
 
 constexpr uint32_t kDefaultIters = 100'000;
@@ -59,20 +62,9 @@ constexpr uint64_t kMsgTag = 0x6d73672d72696e67;  // "msg-ring"
 // up on failure, which is exactly when we want to see it.
 constexpr uint64_t kSendTag = 1;
 
-int64_t nowNs() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_MONOTONIC, &ts);
-    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
+using bench::nowNs;
 
-int64_t threadCpuNs() {
-    rusage ru{};
-    ::getrusage(RUSAGE_THREAD, &ru);
-    auto ns = [](const timeval& tv) {
-        return int64_t{tv.tv_sec} * 1'000'000'000 + int64_t{tv.tv_usec} * 1000;
-    };
-    return ns(ru.ru_utime) + ns(ru.ru_stime);
-}
+int64_t threadCpuNs() { return bench::cpuNs(RUSAGE_THREAD); }
 
 [[noreturn]] void die(const char* what, int err) {
     std::fprintf(stderr, "msg_ring_probe: %s: %s\n", what, std::strerror(err));
@@ -80,11 +72,7 @@ int64_t threadCpuNs() {
 }
 
 void pinTo(int cpu) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    if (int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); rc != 0)
-        die("pin", rc);
+    if (int rc = bench::pinThisThread(cpu); rc != 0) die("pin", rc);
 }
 
 struct Options {
@@ -98,44 +86,17 @@ struct Result {
     int64_t cpu_ns_b = 0;
 };
 
-// A ring as zcrelay's workers make theirs. Must be constructed on the thread that will use it:
-// SINGLE_ISSUER binds the ring to its creator (the kernel returns -EEXIST to any other
-// submitter), and DEFER_TASKRUN runs completion work only when that thread enters the kernel.
-class Ring {
+// The probe's ring (bench/probe_ring.hpp) and the messages it sends and takes.
+class Ring : public bench::ProbeRing {
   public:
-    Ring() {
-        io_uring_params p{};
-        // SINGLE_ISSUER: only this thread submits, so the kernel skips submission locking.
-        // DEFER_TASKRUN: completion task work waits until we wait; an incoming MSG_RING then
-        // arrives as remote task work that wakes us, which is the path a worker would take.
-        p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-        if (int rc = io_uring_queue_init_params(kRingEntries, &ring_, &p); rc < 0)
-            die("io_uring_queue_init", -rc);
-    }
-    ~Ring() { io_uring_queue_exit(&ring_); }
-    Ring(const Ring&) = delete;
-    Ring& operator=(const Ring&) = delete;
-
-    int fd() const { return ring_.ring_fd; }
+    Ring() : ProbeRing(kRingEntries, die) {}
 
     // Queue one message for the ring `target_fd`: its CQE will carry res = seq, user_data = kMsgTag.
     void queueMsg(int target_fd, uint32_t seq) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        if (!sqe) die("io_uring_get_sqe", EBUSY);
-        io_uring_prep_msg_ring(sqe, target_fd, seq, kMsgTag, 0);
-        io_uring_sqe_set_data64(sqe, kSendTag);
-        sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
-    }
-
-    // Submit what is queued and block until at least one CQE is there: one io_uring_enter, as a
-    // worker's event loop does it.
-    void submitAndWait() {
-        int rc = io_uring_submit_and_wait(&ring_, 1);
-        if (rc < 0 && rc != -EINTR) die("io_uring_submit_and_wait", -rc);
-    }
-
-    void submit() {
-        if (int rc = io_uring_submit(&ring_); rc < 0) die("io_uring_submit", -rc);
+        io_uring_sqe* s = sqe();
+        io_uring_prep_msg_ring(s, target_fd, seq, kMsgTag, 0);
+        io_uring_sqe_set_data64(s, kSendTag);
+        s->flags |= IOSQE_CQE_SKIP_SUCCESS;
     }
 
     // Take every ready CQE; each must be a peer message. Returns how many, and the last seq.
@@ -143,13 +104,13 @@ class Ring {
         unsigned n = 0;
         io_uring_cqe* cqe;
         unsigned head;
-        io_uring_for_each_cqe(&ring_, head, cqe) {
+        io_uring_for_each_cqe(raw(), head, cqe) {
             if (cqe->user_data != kMsgTag)
                 die("msg_ring send failed", cqe->res < 0 ? -cqe->res : EPROTO);
             *last_seq = static_cast<uint32_t>(cqe->res);
             ++n;
         }
-        io_uring_cq_advance(&ring_, n);
+        io_uring_cq_advance(raw(), n);
         return n;
     }
 
@@ -163,9 +124,6 @@ class Ring {
         }
         return seq;
     }
-
-  private:
-    io_uring ring_{};
 };
 
 // Hands each thread the other's ring fd once both rings exist.
