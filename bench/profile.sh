@@ -2,12 +2,13 @@
 # bench/profile.sh: where the CPU goes while one relay carries one bench/run workload, so that
 # a ratio in bench/run's report can be explained rather than only quoted.
 #
-# Usage: bench/profile.sh [--relay NAME (zcrelay-splice)] [--workload bulk|pingpong (bulk)]
+# Usage: bench/profile.sh [--relay NAME (zcrelay-splice)] [--workload bulk|pingpong|conn (bulk)]
 #                         [--seconds N (6)] [--out FILE (perf.data in the scratch dir)]
 #
 # The same placement as bench/run: the relay on RELAY_CPU (1), the load and its upstream on
-# LOAD_CPU (0). bulk is `transfer` with 100 clients x 10 MiB, pingpong 100 connections x 64 B;
-# both are sized to outlast the sampling window. `perf record -a -e cpu-clock` samples both CPUs
+# LOAD_CPU (0). bulk is `transfer` with 100 clients x 10 MiB, pingpong 100 connections x 64 B,
+# conn bench/run's connrate (`conn_rate`, 50 in flight: connect, 64 B echoed, close, against
+# `echo_server`); all are sized to outlast the sampling window. `perf record -a -e cpu-clock` samples both CPUs
 # for --seconds while the load runs (cpu-clock, because a VM usually offers no hardware
 # counters: `perf stat -e cycles true` says "not supported").
 #
@@ -51,7 +52,7 @@ source "$SCRIPT_DIR/relays.sh"
 while (($#)); do
     case "$1" in
         --relay) RELAY=${2:?--relay needs a name}; shift ;;
-        --workload) WORKLOAD=${2:?--workload needs bulk or pingpong}; shift ;;
+        --workload) WORKLOAD=${2:?--workload needs bulk, pingpong or conn}; shift ;;
         --seconds) SECONDS_SAMPLED=${2:?--seconds needs a number}; shift ;;
         --out) OUT=${2:?--out needs a file}; KEEP=1; shift ;;
         -h|--help) usage 0 ;;
@@ -61,7 +62,7 @@ while (($#)); do
 done
 relay_names | grep -qx "$RELAY" || die "unknown relay '$RELAY' (bench/run --list)"
 [[ "$RELAY" != direct ]] || die "direct has no relay process to profile"
-[[ "$WORKLOAD" == bulk || "$WORKLOAD" == pingpong ]] || die "unknown workload '$WORKLOAD'"
+[[ "$WORKLOAD" =~ ^(bulk|pingpong|conn)$ ]] || die "unknown workload '$WORKLOAD'"
 [[ "$SECONDS_SAMPLED" =~ ^[0-9]+$ ]] && ((SECONDS_SAMPLED >= 1 && SECONDS_SAMPLED <= 60)) ||
     die "--seconds must be 1..60"
 command -v perf >/dev/null || die "perf missing (deploy/install-deps.sh installs linux-perf)"
@@ -76,6 +77,9 @@ if [[ "$WORKLOAD" == bulk ]]; then
     server=("$BENCH/transfer" sink --listen 127.0.0.1:0)
     # 100 x 10 MiB a round at ~1.3 GB/s is ~0.8 s: enough rounds to outlast the window.
     load=("$BENCH/transfer" client --conns 100 --size-mib 10 --rounds $((SECONDS_SAMPLED * 2 + 4)) --verify)
+elif [[ "$WORKLOAD" == conn ]]; then
+    server=("$BENCH/echo_server" --port 0 --seconds 600)
+    load=("$BENCH/conn_rate" --conns 50 --seconds $((SECONDS_SAMPLED + 3)))
 else
     server=("$BENCH/pingpong" server --listen 127.0.0.1:0)
     # 100 connections at ~70,000 round trips/s in all: ~700 per connection per second.
@@ -93,14 +97,15 @@ start_relay "$RELAY" "$port" "$RELAY_CPU" "$WORK" || die "$RELAY did not start: 
 echo "# $RELAY, $WORKLOAD; relay on CPU $RELAY_CPU, load on CPU $LOAD_CPU; $(uname -r)"
 # The relay's I/O system calls over the whole load (tracepoints, which a VM does have), to set
 # against what the load moved: how much each call carries.
-syscalls=splice,io_uring_enter,epoll_wait,recvfrom,sendto,read,write,readv,writev
+syscalls=splice,io_uring_enter,epoll_wait,recvfrom,sendto,read,write,readv,writev,socket,setsockopt,shutdown,accept4,close
 perf stat -x, -e "$(sed -E 's/([a-z_]+)/syscalls:sys_enter_\1/g' <<<"$syscalls")" \
     -p "$(relay_pids | paste -sd, -)" -o "$WORK/syscalls.csv" 2>"$WORK/stat.err" &
 stat_pid=$!
 OWN_PIDS+=("$stat_pid")
 relay_cpu_ticks >/dev/null
 t0=$RELAY_CPU_TICKS
-taskset -c "$LOAD_CPU" timeout 120 "${load[@]}" --connect "127.0.0.1:$RELAY_PORT" \
+if [[ "$WORKLOAD" == conn ]]; then load+=(--port "$RELAY_PORT"); else load+=(--connect "127.0.0.1:$RELAY_PORT"); fi
+taskset -c "$LOAD_CPU" timeout 120 "${load[@]}" \
     >"$WORK/load.out" 2>"$WORK/load.err" &
 load_pid=$!
 OWN_PIDS+=("$load_pid")
@@ -114,9 +119,12 @@ wait "$stat_pid" 2>/dev/null || true
 echo "load: $(cat "$WORK/load.out")"
 awk -v a="$t0" -v b="$RELAY_CPU_TICKS" -v hz="$(getconf CLK_TCK)" \
     'BEGIN {printf "relay CPU over the whole load: %.2f s\n", (b - a) / hz}'
-# Per unit of work: bulk per MB moved, ping-pong per relayed message (a request or a reply).
+# Per unit of work: bulk per MB moved, ping-pong per relayed message (a request or a reply),
+# conn per connection.
 if [[ "$WORKLOAD" == bulk ]]; then
     units=$(sed -nE 's/.*"bytes":([0-9]+).*/\1/p' "$WORK/load.out" | awk '{print $1 / 1e6}') unit=MB
+elif [[ "$WORKLOAD" == conn ]]; then
+    units=$(sed -nE 's/.*"completed":([0-9]+).*/\1/p' "$WORK/load.out") unit=connection
 else
     units=$(sed -nE 's/.*"conns":([0-9]+),"iters":([0-9]+).*/\1 \2/p' "$WORK/load.out" |
         awk -v w=200 '{print $1 * ($2 + w) * 2}') unit=message

@@ -1,9 +1,9 @@
 # relays.sh: start and stop, by name, every relay the benchmarks compare. Sourced, not run.
 #
 #   direct               no relay: the client talks to the upstream (RELAY_PORT = upstream port)
-#   zcrelay-splice       build/zcrelay --mode splice  --workers 1 --metrics off
-#   zcrelay-copy         build/zcrelay --mode copy    --workers 1 --metrics off
-#   zcrelay-sockmap      build/zcrelay --mode sockmap --workers 1 --metrics off
+#   zcrelay-splice       build/zcrelay --mode splice  --workers N --metrics off
+#   zcrelay-copy         build/zcrelay --mode copy    --workers N --metrics off
+#   zcrelay-sockmap      build/zcrelay --mode sockmap --workers N --metrics off
 #   haproxy-splice       haproxy -db, peers/haproxy-splice.cfg (forced splice)
 #   haproxy-splice-auto  haproxy -db, peers/haproxy-splice-auto.cfg
 #   haproxy-nosplice     haproxy -db, peers/haproxy-nosplice.cfg
@@ -19,7 +19,9 @@
 #   relay_names                         all names, one per line
 #   relay_version NAME                  one line: program and version, e.g. "haproxy 2.6.12-1+deb12u4"
 #   start_relay NAME UPSTREAM_PORT CPU WORKDIR
-#       starts NAME pinned to CPU (taskset) on a free port (pick_port) relaying to UPSTREAM_PORT,
+#       starts NAME pinned to CPU (taskset; a list such as 0,1 leaves it free among those) with
+#       RELAY_THREADS threads (zcrelay workers, HAProxy nbthread, nginx worker_processes) on a
+#       free port (pick_port) relaying to UPSTREAM_PORT,
 #       and waits, bounded, until it listens. Sets RELAY_NAME, RELAY_PID, RELAY_PORT, RELAY_DIR (a
 #       new directory under WORKDIR with the filled config and logs), RELAY_LOG and RELAY_CMD.
 #       For direct: RELAY_PID is empty and RELAY_PORT = UPSTREAM_PORT (placing the upstream on
@@ -44,9 +46,11 @@
 #   started is CPU that system-wide counters see). Both give "" for direct: no relay process.
 #
 # Placeholders in bench/peers/ templates, filled by sed (not envsubst, which would also eat
-# nginx's own $variables): @LISTEN_PORT@, @UPSTREAM_PORT@, @RUN_DIR@ (absolute, no spaces).
+# nginx's own $variables): @LISTEN_PORT@, @UPSTREAM_PORT@, @RUN_DIR@ (absolute, no spaces),
+# @THREADS@ (RELAY_THREADS).
 #
-# Environment: ZCRELAY_BUILD (directory holding zcrelay; default <repo>/build),
+# Environment: ZCRELAY_BUILD (directory holding zcrelay; default <repo>/build), RELAY_THREADS
+# (threads or worker processes per relay, default 1: one per CPU it is pinned to),
 # RELAY_READY_TIMEOUT (10 s), RELAY_STOP_TIMEOUT (10 s).
 
 RELAYS_SH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -97,7 +101,10 @@ _relay_fill() {
     # The directory goes into sed and into quoted nginx paths: keep it to safe characters.
     [[ "$dir" =~ ^/[A-Za-z0-9._/+-]+$ ]] ||
         { RELAY_ERR="run directory '$dir' must be absolute, without spaces or quotes"; return 1; }
+    local threads=${RELAY_THREADS:-1}
+    [[ "$threads" =~ ^[1-9][0-9]?$ ]] || { RELAY_ERR="RELAY_THREADS '$threads' is not 1-99"; return 1; }
     sed -e "s|@LISTEN_PORT@|$lport|g" -e "s|@UPSTREAM_PORT@|$uport|g" -e "s|@RUN_DIR@|$dir|g" \
+        -e "s|@THREADS@|$threads|g" \
         "$tpl" >"$out" || { RELAY_ERR="cannot write $out"; return 1; }
     if grep -q '@[A-Z_]*@' "$out"; then
         RELAY_ERR="$out: unfilled placeholder $(grep -o -m1 '@[A-Z_]*@' "$out")"
@@ -233,7 +240,11 @@ start_relay() {
     if [[ ! "$up" =~ ^[0-9]+$ ]] || ((up < 1 || up > 65535)); then
         RELAY_ERR="$name: bad upstream port '$up'"; _relay_log "$RELAY_ERR"; return 1
     fi
-    [[ "$cpu" =~ ^[0-9]+$ ]] || { RELAY_ERR="$name: bad CPU '$cpu'"; _relay_log "$RELAY_ERR"; return 1; }
+    [[ "$cpu" =~ ^[0-9]+([,-][0-9]+)*$ ]] ||
+        { RELAY_ERR="$name: bad CPU list '$cpu'"; _relay_log "$RELAY_ERR"; return 1; }
+    local threads=${RELAY_THREADS:-1}
+    [[ "$threads" =~ ^[1-9][0-9]?$ ]] ||
+        { RELAY_ERR="$name: RELAY_THREADS '$threads' is not 1-99"; _relay_log "$RELAY_ERR"; return 1; }
     [[ -d "$workdir" ]] || { RELAY_ERR="$name: no directory '$workdir'"; _relay_log "$RELAY_ERR"; return 1; }
 
     if [[ "$name" == direct ]]; then
@@ -262,7 +273,7 @@ start_relay() {
         zcrelay-*)
             # stdbuf: "zcrelay: ready" must reach the file at once though stdout is no tty.
             argv=(stdbuf -oL "$bin" --listen "127.0.0.1:$RELAY_PORT" --upstream "127.0.0.1:$up"
-                --mode "${name#zcrelay-}" --workers 1 --metrics off) ;;
+                --mode "${name#zcrelay-}" --workers "$threads" --metrics off) ;;
         haproxy-*)
             _relay_fill "$RELAYS_SH_DIR/peers/$name.cfg" "$RELAY_DIR/haproxy.cfg" \
                 "$RELAY_PORT" "$up" "$RELAY_DIR" || { _relay_log "$name: $RELAY_ERR"; return 1; }
