@@ -8,11 +8,15 @@
 #
 # Usage: bench/costs.sh [--relay NAME (zcrelay-copy)] [--workload conn|pingpong (conn)]
 #                       [--count N]
+#   --relay   any relay of bench/run but direct and socat (a process per connection); for
+#             HAProxy and nginx the system calls, socket calls and context switches compare,
+#             the io_uring rows are zcrelay's alone
 #   conn      conn_rate --conns 50 --max-count N (default 20000): connect, 64 B, echo, close
 #   pingpong  pingpong --conns 100, N round trips each (default 3000), no warm-up: per relayed
 #             message (a request or a reply, so two per round trip)
 #
-# Placement as bench/run: the relay on RELAY_CPU (1), the load and its upstream on LOAD_CPU (0).
+# Placement as bench/run: the relay on RELAY_CPU (1), the load and its upstream on LOAD_CPU (0);
+# unpinned as bench/run too (RELAY_CPU=0,1 LOAD_CPU=0,1 RELAY_THREADS=2).
 # The counters are the kernel's tracepoints (syscalls:sys_enter_*, io_uring:*, sched:sched_switch)
 # on the relay's process only, from just before the load starts to just after it ends; the
 # relay's start-up and the per-connection set-up of pingpong's 100 connections are a few hundred
@@ -51,7 +55,8 @@ while (($#)); do
     esac
     shift
 done
-[[ "$RELAY" == zcrelay-* ]] || die "only zcrelay's modes are counted (its SQEs are the point)"
+[[ "$RELAY" != direct && "$RELAY" != socat ]] ||
+    die "$RELAY: no relay process to count, or one per connection"
 relay_names | grep -qx "$RELAY" || die "unknown relay '$RELAY' (bench/run --list)"
 case "$WORKLOAD" in
     conn) COUNT=${COUNT:-20000} ;;
