@@ -39,12 +39,19 @@ inline int64_t cpuNs(int who) {
     return ns(ru.ru_utime) + ns(ru.ru_stime);
 }
 
-// Pins the calling thread to `cpu`; 0 or the error number.
-inline int pinThisThread(int cpu) {
+// Ends a probe that cannot go on: "TOOL: WHAT: strerror(err)" on stderr, exit status 1.
+[[noreturn]] inline void failWith(const char* tool, const char* what, int err) {
+    std::fprintf(stderr, "%s: %s: %s\n", tool, what, std::strerror(err));
+    std::exit(1);
+}
+
+// Pins the calling thread to `cpu`, or ends the probe as failWith does.
+inline void pinOrFail(const char* tool, int cpu) {
     cpu_set_t set;
     CPU_ZERO(&set);
     CPU_SET(cpu, &set);
-    return ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set);
+    if (int rc = ::pthread_setaffinity_np(::pthread_self(), sizeof set, &set); rc != 0)
+        failWith(tool, "pthread_setaffinity_np", rc);
 }
 
 // A pseudo-random pattern of `period` bytes (xorshift64 from `seed`, so both ends make the same

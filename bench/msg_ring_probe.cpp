@@ -66,14 +66,8 @@ using bench::nowNs;
 
 int64_t threadCpuNs() { return bench::cpuNs(RUSAGE_THREAD); }
 
-[[noreturn]] void die(const char* what, int err) {
-    std::fprintf(stderr, "msg_ring_probe: %s: %s\n", what, std::strerror(err));
-    std::exit(1);
-}
-
-void pinTo(int cpu) {
-    if (int rc = bench::pinThisThread(cpu); rc != 0) die("pin", rc);
-}
+[[noreturn]] void die(const char* what, int err) { bench::failWith("msg_ring_probe", what, err); }
+void pinTo(int cpu) { bench::pinOrFail("msg_ring_probe", cpu); }
 
 struct Options {
     uint32_t iters = kDefaultIters;

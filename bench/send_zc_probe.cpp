@@ -82,14 +82,8 @@ constexpr unsigned kHardLimitSeconds = 120;
 using bench::cpuNs;
 using bench::nowNs;
 
-[[noreturn]] void die(const char* what, int err) {
-    std::fprintf(stderr, "send_zc_probe: %s: %s\n", what, std::strerror(err));
-    std::exit(1);
-}
-
-void pinTo(int cpu) {
-    if (int rc = bench::pinThisThread(cpu); rc != 0) die("pthread_setaffinity_np", rc);
-}
+[[noreturn]] void die(const char* what, int err) { bench::failWith("send_zc_probe", what, err); }
+void pinTo(int cpu) { bench::pinOrFail("send_zc_probe", cpu); }
 
 struct Options {
     uint64_t bytes = kDefaultBytes;

@@ -23,9 +23,8 @@ constexpr unsigned kRingEntries = 4096;
 constexpr uint32_t kCopyBuffers = 256;  // per worker; a power of two (buffer ring)
 constexpr uint32_t kCopyBufferSize = 64 * 1024;
 // Of them in the kernel's ring at most (uring/buf_ring.hpp: it starts at 8 and doubles while
-// recvs find it empty). Measured, 1 worker, 100 clients x
-// 10 MiB through copy mode: peak RSS 25.7 MiB with the whole pool in the ring, 12.5 with 16,
-// 14.4 with 32, 18.5 with 64. Fewer in the ring means more recvs find it empty (-ENOBUFS) and
+// recvs find it empty). Measured, 1 worker, 100 clients x 10 MiB through copy mode: peak RSS
+// 25.7 MiB with the whole pool in the ring, 12.5 with 16, 14.4 with 32, 18.5 with 64. Fewer in the ring means more recvs find it empty (-ENOBUFS) and
 // go again: 39, 33.5 and 25.9 recvs per MB against 20.8 with the whole pool, and with 16 the
 // relay CPU per GB was 1.45x (bench/ab.sh); 32 is within the noise of it.
 constexpr uint32_t kCopyProvided = 32;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace zcrelay {
@@ -20,8 +21,8 @@ Result<std::unique_ptr<BufRing>> BufRing::create(io_uring* ring, uint16_t group,
     b->group_ = group;
     b->count_ = count;
     b->size_ = size;
-    b->provided_max_ = provided < count ? provided : count;
-    b->provided_ = kStartFill < b->provided_max_ ? kStartFill : b->provided_max_;
+    b->provided_max_ = std::min(provided, count);
+    b->provided_ = std::min(kStartFill, b->provided_max_);
     b->ring_bytes_ = count * sizeof(io_uring_buf);
     void* r =
         mmap(nullptr, b->ring_bytes_, PROT_READ | PROT_WRITE, MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
@@ -97,7 +98,7 @@ BufRing::Piece BufRing::take(uint32_t cqe_flags, int res) {
 
 void BufRing::ranDry() {
     if (free_.empty() || provided_ >= provided_max_) return;  // the pool itself is spent
-    provided_ = provided_ * 2 < provided_max_ ? provided_ * 2 : provided_max_;
+    provided_ = std::min(provided_ * 2, provided_max_);
     refill();
 }
 
