@@ -4,6 +4,8 @@
 #   zcrelay-splice       build/zcrelay --mode splice  --workers N --metrics off
 #   zcrelay-copy         build/zcrelay --mode copy    --workers N --metrics off
 #   zcrelay-sockmap      build/zcrelay --mode sockmap --workers N --metrics off
+#   zcrelay-copy-zc      build/zcrelay -c RUN_DIR/zcrelay.yaml: copy mode with send_zerocopy: true
+#                        (a listener key, which has no flag), workers N, metrics off
 #   haproxy-splice       haproxy -db, peers/haproxy-splice.cfg (forced splice)
 #   haproxy-splice-auto  haproxy -db, peers/haproxy-splice-auto.cfg
 #   haproxy-nosplice     haproxy -db, peers/haproxy-nosplice.cfg
@@ -63,7 +65,7 @@ _RELAY_SHELL=""   # $BASHPID of the shell that started the relay: the only one t
 _RELAY_SEQ=0      # per-start directory counter
 
 relay_names() {
-    printf '%s\n' direct zcrelay-splice zcrelay-copy zcrelay-sockmap \
+    printf '%s\n' direct zcrelay-splice zcrelay-copy zcrelay-sockmap zcrelay-copy-zc \
         haproxy-splice haproxy-splice-auto haproxy-nosplice nginx nginx-halfclose socat
 }
 
@@ -270,6 +272,12 @@ start_relay() {
 
     local -a argv
     case "$name" in
+        zcrelay-copy-zc)
+            printf '%s\n' "workers: $threads" "metrics: {enabled: false}" "listeners:" \
+                "  - listen: \"127.0.0.1:$RELAY_PORT\"" "    upstream: \"127.0.0.1:$up\"" \
+                "    mode: copy" "    send_zerocopy: true" >"$RELAY_DIR/zcrelay.yaml" ||
+                { RELAY_ERR="$name: cannot write $RELAY_DIR/zcrelay.yaml"; _relay_log "$RELAY_ERR"; return 1; }
+            argv=(stdbuf -oL "$bin" -c "$RELAY_DIR/zcrelay.yaml") ;;
         zcrelay-*)
             # stdbuf: "zcrelay: ready" must reach the file at once though stdout is no tty.
             argv=(stdbuf -oL "$bin" --listen "127.0.0.1:$RELAY_PORT" --upstream "127.0.0.1:$up"

@@ -637,6 +637,12 @@ const Key<ListenerConfig> kListenerKeys[] = {
      .help = "TCP_NOTSENT_LOWAT on both sockets (splice, copy): unsent bytes a socket takes "
              "before it reports full, so the relay, not the peer's ACKs, sends the rest; "
              "0 = unset"},
+    {.name = "send_zerocopy",
+     .kind = Kind::Bool,
+     .member = &ListenerConfig::send_zerocopy,
+     .fallback = "false",
+     .help = "bytes moved by copy go out with IORING_OP_SEND_ZC in sends of 16KiB or more: "
+             "less CPU per byte, but each buffer is held until the peer acknowledged it"},
 };
 
 const Key<RouteConfig> kRouteKeys[] = {

@@ -178,6 +178,10 @@ struct ListenerConfig {
     // socket takes before it reports itself full, so that bulk bytes wait in the relay's pipe
     // and the relay sends them, not the peer's ACK processing on another CPU (tcp_options.cpp).
     uint64_t notsent_lowat = 128 * 1024;
+    // Bytes moved by copy (copy mode, sockmap's passed bytes, a splice direction without a pipe)
+    // are sent with IORING_OP_SEND_ZC when a send has at least 16 KiB: less CPU per byte, but
+    // each buffer stays held until the peer acknowledged its bytes (pump/copy_pump.hpp).
+    bool send_zerocopy = false;
 
     bool operator==(const ListenerConfig&) const = default;
 };

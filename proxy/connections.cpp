@@ -61,7 +61,9 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             pumps_.bufs.drop(cqe->flags, cqe->res);
         return;
     }
-    --c.inflight;
+    // IORING_CQE_F_MORE: another CQE of this SQE follows (a zero-copy send's notification), so
+    // it stays in flight and the slot is not reused before that one came.
+    if (!(cqe->flags & IORING_CQE_F_MORE)) --c.inflight;
     switch (ud.op) {
         case Op::Connect:
             if (c.state == ConnState::Connecting)
@@ -87,11 +89,13 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
         case Op::Send:
         case Op::Barrier:
             if (c.state == ConnState::Relaying) {
-                onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags);
+                onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags, ud.aux);
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
                 pumps_.bufs.drop(cqe->flags, cqe->res);
             }
+            // A zero-copy send's buffer held for a notification that came after the connection
+            // stopped relaying goes back with the slot (CopyPump::reclaim).
             break;
         default:
             break;
@@ -486,13 +490,15 @@ PumpPort Connections::port(Conn& c, uint32_t slot, int d) {
                     c.dir[1 - d].finished,
                     static_cast<uint32_t>(listenerConfig(c).pipe_size),
                     lstats(c),
-                    c.ending};
+                    c.ending,
+                    listenerConfig(c).send_zerocopy};
 }
 
-void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags) {
+void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags,
+                                   uint8_t aux) {
     PumpPort p = port(c, slot, d);
     apply(c, slot, d,
-          std::visit([&](auto& pump) { return pump.onCompletion(p, pumps_, op, res, flags); },
+          std::visit([&](auto& pump) { return pump.onCompletion(p, pumps_, op, res, flags, aux); },
                      c.dir[d].pump));
 }
 

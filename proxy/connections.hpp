@@ -97,7 +97,8 @@ class Connections {
     // false: the client's queue starts with a segment read in part, which it cannot take).
     void choosePaths(Conn& c, uint32_t slot, bool sockmap_ok);
     PumpPort port(Conn& c, uint32_t slot, int d);
-    void onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags);
+    void onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags,
+                          uint8_t aux);
     // A pump's verdict: bytes, finish, failure, fallback.
     void apply(Conn& c, uint32_t slot, int d, Step step);
     void addBytes(Conn& c, int d, uint64_t n);

@@ -105,6 +105,21 @@ class Collector : public prometheus::Collectable {
             fallbacks.add({{"reason", std::string(kPipeFallbackLabels[r])}},
                           sum([r](const WorkerStats& w) { return w.pipe_fallbacks[r].get(); }));
         }
+        Family zerocopy("zcrelay_zerocopy_sends_total",
+                        "Copy sends of 16KiB or more on send_zerocopy listeners, by what became "
+                        "of them: zerocopy (sent from the buffer's pages), copied (the kernel "
+                        "copied after all, as on loopback), unreported (the kernel cannot say), "
+                        "plain (the direction's 16 holds were taken: sent plainly).",
+                        MetricType::Counter);
+        for (size_t r = 0; r < idx(ZerocopySend::kCount); ++r) {
+            zerocopy.add({{"result", std::string(kZerocopySendLabels[r])}},
+                         sum([r](const WorkerStats& w) { return w.zerocopy_sends[r].get(); }));
+        }
+        Family buffers_busy("zcrelay_copy_buffers_busy",
+                            "Copy-path buffers (64KiB, 256 per worker) holding bytes not yet sent "
+                            "or lent to the kernel by a zero-copy send; 0 when no connection is.",
+                            MetricType::Gauge);
+        buffers_busy.add({}, sum([](const WorkerStats& w) { return w.copy_buffers_busy.get(); }));
         Family per_worker(
             "zcrelay_worker_connections_total",
             "Connections accepted by each worker (shows how SO_REUSEPORT spreads them).",
@@ -225,6 +240,8 @@ class Collector : public prometheus::Collectable {
         endpoint_conns.add({}, static_cast<double>(http.connections.load()));
 
         for (Family* f : {&fallbacks,
+                          &zerocopy,
+                          &buffers_busy,
                           &per_worker,
                           &in_use,
                           &cached,

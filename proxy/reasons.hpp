@@ -57,6 +57,14 @@ namespace zcrelay {
     X(NoRoute, "no_route")     /* a ClientHello with server_name that no route matched */      \
     X(Closed, "closed")        /* the client closed before its ClientHello was complete */
 
+// What became of a copy send large enough for send_zerocopy (pump/copy_pump.hpp), counted when
+// its notification comes, or when it went plain.
+#define ZCRELAY_ZEROCOPY_SENDS(X)                                                              \
+    X(Zerocopy, "zerocopy")     /* the skbs carried the buffer's own pages */                  \
+    X(Copied, "copied")         /* the kernel copied after all (loopback always does) */       \
+    X(Unreported, "unreported") /* notified; the kernel cannot say which (before Linux 6.2) */   \
+    X(Plain, "plain")           /* sent plainly: the direction's holds were all taken */
+
 #define ZCRELAY_ENUM_ITEM(name, label) name,
 #define ZCRELAY_LABEL_ITEM(name, label) label,
 
@@ -65,6 +73,7 @@ enum class ConnectFailure : uint8_t { ZCRELAY_CONNECT_FAILURES(ZCRELAY_ENUM_ITEM
 enum class PipeFallback : uint8_t { ZCRELAY_PIPE_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
 enum class SockmapFallback : uint8_t { ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
 enum class InspectFailure : uint8_t { ZCRELAY_INSPECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
+enum class ZerocopySend : uint8_t { ZCRELAY_ZEROCOPY_SENDS(ZCRELAY_ENUM_ITEM) kCount };
 
 inline constexpr std::array<std::string_view, static_cast<size_t>(CloseReason::kCount)>
     kCloseReasonLabels{ZCRELAY_CLOSE_REASONS(ZCRELAY_LABEL_ITEM)};
@@ -76,6 +85,8 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(SockmapFallbac
     kSockmapFallbackLabels{ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(InspectFailure::kCount)>
     kInspectFailureLabels{ZCRELAY_INSPECT_FAILURES(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(ZerocopySend::kCount)>
+    kZerocopySendLabels{ZCRELAY_ZEROCOPY_SENDS(ZCRELAY_LABEL_ITEM)};
 
 template <typename E>
 constexpr size_t idx(E e) {

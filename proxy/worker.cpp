@@ -47,6 +47,12 @@ int64_t tickFor(const Config& config) {
     return std::max<int64_t>(tick, 10);
 }
 
+bool wantsZerocopy(const Config& config) {
+    for (const auto& l : config.listeners)
+        if (l.send_zerocopy) return true;
+    return false;
+}
+
 }  // namespace
 
 Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
@@ -111,7 +117,10 @@ Result<void> Worker::setUp() {
     getrlimit(RLIMIT_NOFILE, &nofile);
     int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
     pipes_ = std::make_unique<PipePool>(pipes, ceiling, stats_);
-    pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_});
+    pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc()});
+    pumps_->zerocopy_budget = kCopyBuffers / 2;
+    if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
+        LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");
     conns_ =
         std::make_unique<Connections>(id_, *ring_, process_, stats_, *pumps_, *acceptor_,
                                       generations_, now_ms_, max_conns_, sockmap_, sockmap_base_);
@@ -141,6 +150,7 @@ void Worker::loop() {
         if (r > 0) stats_.sqes_submitted.add(static_cast<uint64_t>(r));
         // The kernel counts CQEs it had to hold back because the CQ ring was full.
         stats_.cq_overflow.set(IO_URING_READ_ONCE(*ring_->raw()->cq.koverflow));
+        stats_.copy_buffers_busy.set(bufs_->busy());
         now_ms_ = monotonicMs();
         unsigned head, count = 0;
         io_uring_cqe* cqe;

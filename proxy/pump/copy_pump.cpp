@@ -21,7 +21,8 @@ void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait
     if (poll_first && wait == RecvWait::Kernel) sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
 }
 
-void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk) {
+void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk,
+                  bool zerocopy, bool report_usage) {
     // MSG_NOSIGNAL: a peer that vanished must surface as -EPIPE, not as SIGPIPE.
     // MSG_DONTWAIT: a send that cannot write now completes with -EAGAIN (io_uring marks it
     // REQ_F_NOWAIT) and the worker waits for POLLOUT itself, as the splice path does. Without
@@ -29,9 +30,12 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
     // (TCP_NOTSENT_LOWAT makes POLLOUT and the send's own check disagree) is handed to an io-wq
     // thread that blocks in sendmsg: 3 iou-wrk threads after 8 full-duplex 1 MiB echoes,
     // measured with the io_uring:io_uring_queue_async_work tracepoint (opcode SEND).
-    io_uring_prep_send(sqe, dst, bufs.data(chunk.bid) + chunk.offset + chunk.sent,
-                       chunk.len - chunk.sent,
-                       MSG_NOSIGNAL | MSG_DONTWAIT);
+    char* data = bufs.data(chunk.bid) + chunk.offset + chunk.sent;
+    if (zerocopy)
+        io_uring_prep_send_zc(sqe, dst, data, chunk.len - chunk.sent, MSG_NOSIGNAL | MSG_DONTWAIT,
+                              report_usage ? kSendZcReportUsage : 0);
+    else
+        io_uring_prep_send(sqe, dst, data, chunk.len - chunk.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
 CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv, RecvWait wait) {
@@ -45,7 +49,22 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
     if (!arm_send && !arm_recv && !send_armed_ && !recv_armed_ && queue_.empty() && !eof_)
         return Flow::Idle;
     if (arm_send) {
-        prepCopySend(p.sqe(Op::Send), p.dst, env.bufs, queue_.front());
+        const CopyChunk& chunk = queue_.front();
+        send_hold_ = -1;
+        if (p.zerocopy && env.send_zc.op && chunk.len - chunk.sent >= kZerocopyMin) {
+            if (env.zerocopy_held < env.zerocopy_budget)
+                send_hold_ = static_cast<int8_t>(holds_.take(chunk.bid));
+            if (send_hold_ < 0) env.stats.zerocopy_sends[idx(ZerocopySend::Plain)].add();
+        }
+        if (send_hold_ >= 0) {
+            // The hold's own reference: the buffer outlives the chunk's recycle on this CQE.
+            env.bufs.hold(chunk.bid);
+            ++env.zerocopy_held;
+            prepCopySend(p.sqe(Op::Send, static_cast<uint8_t>(send_hold_)), p.dst, env.bufs,
+                         chunk, true, env.send_zc.report_usage);
+        } else {
+            prepCopySend(p.sqe(Op::Send), p.dst, env.bufs, chunk);
+        }
         send_armed_ = true;
     }
     if (arm_recv) {
@@ -61,8 +80,24 @@ void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
     if (flags & IORING_CQE_F_BUFFER) env.bufs.drop(flags, res);
 }
 
-int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res) {
+bool CopyPump::notified(PumpEnv& env, int res, uint32_t flags, uint8_t aux) {
+    if (!(flags & IORING_CQE_F_NOTIF)) return false;
+    if (!holds_.has(aux)) return true;  // cannot be: every zero-copy send takes a hold
+    release(env, aux);
+    ZerocopySend what = !env.send_zc.report_usage                     ? ZerocopySend::Unreported
+                        : static_cast<uint32_t>(res) & kNotifZcCopied ? ZerocopySend::Copied
+                                                                      : ZerocopySend::Zerocopy;
+    env.stats.zerocopy_sends[idx(what)].add();
+    return true;
+}
+
+int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res, uint32_t flags) {
     send_armed_ = false;
+    // A zero-copy send whose CQE promises no notification (it failed before the kernel took
+    // the pages) gives its hold back now.
+    if (send_hold_ >= 0 && !(flags & IORING_CQE_F_MORE))
+        release(env, static_cast<uint8_t>(send_hold_));
+    send_hold_ = -1;
     if (res < 0) {
         if (res == -EAGAIN) {
             // dst is full: send again once it says it has room.
@@ -98,8 +133,12 @@ Step CopyPump::start(const PumpPort& p, PumpEnv& env) {
 
 Step CopyPump::resume(const PumpPort& p, PumpEnv& env) { return start(p, env); }
 
-Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags) {
+Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
+                            uint8_t aux) {
     Step out;
+    // A notification: a buffer came back, which only a starved recv waits for (the worker
+    // retries those when the ring was replenished).
+    if (op == Op::Send && notified(env, res, flags, aux)) return out;
     switch (op) {
         case Op::Recv: {
             int error = 0;
@@ -114,7 +153,7 @@ Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uin
             break;
         }
         case Op::Send: {
-            int64_t n = onSend(p, env, res);
+            int64_t n = onSend(p, env, res, flags);
             if (n < 0) return Step::failed(false, static_cast<int>(-n));
             out.moved = static_cast<uint64_t>(n);
             break;
@@ -144,6 +183,13 @@ void CopyPump::reclaim(PumpEnv& env) {
         env.bufs.recycle(queue_.front().bid);
         queue_.pop();
     }
+    for (uint8_t i = 0; i < ZerocopyHolds::kHolds; ++i)
+        if (holds_.has(i)) release(env, i);
+}
+
+void CopyPump::release(PumpEnv& env, uint8_t hold) {
+    env.bufs.recycle(holds_.release(hold));
+    --env.zerocopy_held;
 }
 
 }  // namespace zcrelay

@@ -18,6 +18,23 @@
 //   starved           every buffer of the worker is queued somewhere: it waits for one to come
 //                     back (the worker calls resume());
 //   finished          src sent FIN and all of it reached dst, which was shut down for writing.
+//
+// Zero-copy sends (the listener's `send_zerocopy`): a send of at least kZerocopyMin bytes goes
+// as IORING_OP_SEND_ZC, whose skbs carry the buffer's own pages instead of a copy of them. The
+// kernel keeps those pages until the peer has acknowledged the bytes (the skb leaves the
+// retransmit queue), long after the send's CQE; a second CQE, the notification
+// (IORING_CQE_F_NOTIF, with the send's user_data), says when. Until then the buffer is held,
+// whatever becomes of the connection: a recv must not refill pages a retransmission may still
+// read. The send's CQE says whether a notification follows (IORING_CQE_F_MORE); the hold ends
+// with it, or with the CQE when none follows. A direction has kHolds holds, each named in its
+// send's user_data (aux), so a notification finds its buffer in whatever order they come;
+// with all of them taken, or the worker's budget (half its pool) lent out, the next send goes
+// plain rather than wait: a peer that stops acknowledging (a slow reader's zero window keeps the
+// skbs queued too) holds at most 16 buffers, and such peers together at most half the pool, so
+// recvs always find buffers. Sends stay plain below 16 KiB:
+// notifications then cost more than the copy they save (bench/send_zc_probe on this kernel,
+// 16 sends in flight: 8 KiB sends moved 1,290 MB/s, 16 KiB 2,773, a plain send about 1,950;
+// 4 KiB did not move 256 MiB in a minute).
 #include <liburing.h>
 
 #include <array>
@@ -48,7 +65,33 @@ struct CopyChunk {
     uint32_t len = 0;
     uint32_t sent = 0;
 };
-void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk);
+// `zerocopy`: as IORING_OP_SEND_ZC, its notification reporting a copy if `report_usage`.
+void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk,
+                  bool zerocopy = false, bool report_usage = false);
+
+// The buffers a direction's zero-copy sends have lent to the kernel, each until its send's
+// notification. A hold's index is the aux of its send's user_data.
+struct ZerocopyHolds {
+    static constexpr uint8_t kHolds = UserData::kMaxAux + 1;
+    std::array<uint16_t, kHolds> bid{};
+    uint16_t taken = 0;  // bit i: hold i lends bid[i]
+
+    // A free hold for `b`, or -1 when all are taken.
+    int take(uint16_t b) {
+        if (taken == 0xffff) return -1;
+        int i = __builtin_ctz(static_cast<unsigned>(~taken) & 0xffffu);
+        taken |= static_cast<uint16_t>(1u << i);
+        bid[i] = b;
+        return i;
+    }
+    bool has(uint8_t i) const { return i < kHolds && (taken >> i & 1); }
+    uint16_t release(uint8_t i) {
+        taken &= static_cast<uint16_t>(~(1u << i));
+        return bid[i];
+    }
+};
+static_assert(ZerocopyHolds::kHolds == 16, "ZerocopyHolds::taken has a bit per hold");
+inline constexpr uint32_t kZerocopyMin = 16 * 1024;
 
 struct CopyQueue {
     static constexpr uint8_t kCapacity = 4;
@@ -74,16 +117,19 @@ class CopyPump {
 
     // ---- a copy direction
     Step start(const PumpPort& p, PumpEnv& env);
-    // Recv, Send, PollOut and Watch completions.
-    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags);
+    // Recv, Send, PollOut and Watch completions, and the notifications of zero-copy sends.
+    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
+                      uint8_t aux);
     // After Step::starved: buffers came back to the ring.
     Step resume(const PumpPort& p, PumpEnv& env);
     Step scan(const PumpPort&, PumpEnv&) { return {}; }
     uint64_t kernelBytes(PumpEnv&) { return 0; }
     void quiet(PumpEnv&) {}
-    // Nothing to release before the sockets close: a send in flight still reads its buffer.
+    // Nothing to release before the sockets close: a send in flight still reads its buffer,
+    // and a zero-copy send's pages are the kernel's until its notification.
     void abort(const PumpPort&, PumpEnv&) {}
-    // The slot is freed (nothing in flight any more): the queued buffers go back to the ring.
+    // The slot is freed (nothing in flight, every notification in): the queued buffers and the
+    // holds of notifications that came after the connection stopped relaying go back.
     void reclaim(PumpEnv& env);
 
     // ---- the parts, for a pump that moves some of its bytes by copy
@@ -106,7 +152,9 @@ class CopyPump {
     // A Recv CQE the caller handles itself: the recv is over, its buffer goes back.
     void recvDone(PumpEnv& env, int res, uint32_t flags);
     // A Send CQE: the bytes sent (0 when dst was full: a POLLOUT is armed), or -errno.
-    int64_t onSend(const PumpPort& p, PumpEnv& env, int res);
+    int64_t onSend(const PumpPort& p, PumpEnv& env, int res, uint32_t flags);
+    // Whether a Send CQE is a zero-copy send's notification; if so its hold is given back.
+    bool notified(PumpEnv& env, int res, uint32_t flags, uint8_t aux);
     void pollOutDone() { poll_out_ = false; }
 
     SourceWatch& watch() { return watch_; }
@@ -114,6 +162,7 @@ class CopyPump {
 
   private:
     Step settle(const PumpPort& p, Flow flow);
+    void release(PumpEnv& env, uint8_t hold);
 
     CopyQueue queue_;          // buffers in flight
     bool eof_ = false;         // src returned end of stream
@@ -122,6 +171,8 @@ class CopyPump {
     bool send_armed_ = false;  // a send on dst in flight
     bool poll_out_ = false;    // POLLOUT armed on dst after a send found no room
     bool src_emptied_ = false;  // the last recv took less than a buffer: src is probably empty
+    int8_t send_hold_ = -1;     // the armed send's hold, if it is a zero-copy send
+    ZerocopyHolds holds_;
     SourceWatch watch_;
 };
 

@@ -10,7 +10,8 @@
 //
 // Every pump answers the same calls, so the worker drives them all alike (std::visit):
 //   Step start(port, env)                         the connection is relaying: arm the first wait
-//   Step onCompletion(port, env, op, res, flags)  a CQE of an SQE it issued
+//   Step onCompletion(port, env, op, res, flags, aux)
+//                                                 a CQE of an SQE it issued (aux: its user_data's)
 //   Step resume(port, env)                        after Step::starved: buffers came back
 //   Step scan(port, env)                          the worker's 10 ms look at the sockmap records
 //   uint64_t kernelBytes(env)                     bytes the kernel moved without it, since last asked
@@ -83,21 +84,32 @@ struct PumpPort {
     // with an RST, tcp_rcv_state_process() in FIN_WAIT1/2), and a reset source, which is that
     // RST's echo on a socket already half-closed, ends its direction like a FIN.
     bool ending = false;
+    // send_zerocopy: the listener lets large copy sends lend their buffer to the kernel
+    // (copy_pump.hpp).
+    bool zerocopy = false;
 
-    io_uring_sqe* sqe(Op op) const {
+    // `aux` goes into the SQE's user_data beside the op (uring/user_data.hpp).
+    io_uring_sqe* sqe(Op op, uint8_t aux = 0) const {
         io_uring_sqe* s = ring.sqe();
-        io_uring_sqe_set_data64(s, tag | static_cast<uint64_t>(op));
+        io_uring_sqe_set_data64(s, tag | UserData::opBits(op, aux));
         ++inflight;
         return s;
     }
 };
 
-// What a worker's pumps share: its buffer ring, its pipes, its sockmap and its counters.
+// What a worker's pumps share: its buffer ring, its pipes, its sockmap, its counters, and
+// what the kernel offers for zero-copy sends (uring/ring.hpp).
 struct PumpEnv {
     BufRing& bufs;
     PipePool& pipes;
     Sockmap* sockmap;  // null when the program is not loaded
     WorkerStats& stats;
+    SendZcSupport send_zc;
+    // Buffers zero-copy sends of all the worker's connections have lent to the kernel, and how
+    // many they may: a peer that stops acknowledging keeps its direction's holds, and a few such
+    // peers must not take the pool every recv needs (copy_pump.hpp).
+    uint32_t zerocopy_held = 0;
+    uint32_t zerocopy_budget = 0;
 };
 
 // A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data

@@ -28,7 +28,8 @@ void SockmapPump::redirect(const PumpPort& p, PumpEnv& env, Step& out) {
         copy_.watch().arm(p, eofSeen());
 }
 
-Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags) {
+Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
+                               uint8_t aux) {
     Step out;
     switch (op) {
         case Op::Watch:
@@ -84,7 +85,8 @@ Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, 
             break;
         }
         case Op::Send: {
-            int64_t n = copy_.onSend(p, env, res);
+            if (copy_.notified(env, res, flags, aux)) return out;
+            int64_t n = copy_.onSend(p, env, res, flags);
             if (n < 0) return Step::failed(false, static_cast<int>(-n));
             if (n > 0) {
                 // Queued on dst: the program may redirect again once all passed bytes are.

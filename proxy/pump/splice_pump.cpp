@@ -60,7 +60,8 @@ void SplicePump::armPollIn(const PumpPort& p) {
     poll_in_ = true;
 }
 
-Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t /*flags*/) {
+Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t /*flags*/,
+                              uint8_t /*aux*/) {
     switch (op) {
         case Op::PollIn:
             poll_in_ = false;

@@ -40,7 +40,8 @@ class SplicePump {
     // Arms the first POLLIN.
     Step start(const PumpPort& p, PumpEnv& env);
     // PollIn, PollOut and Watch completions.
-    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags);
+    Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
+                      uint8_t aux);
     Step resume(const PumpPort&, PumpEnv&) { return {}; }
     Step scan(const PumpPort&, PumpEnv&) { return {}; }
     uint64_t kernelBytes(PumpEnv&) { return 0; }

@@ -57,11 +57,18 @@ class BufRing {
     Piece take(uint32_t cqe_flags, int res);
     // Give a piece of buffer `bid` back (each taken piece exactly once).
     void recycle(uint16_t bid);
+    // One more reference to buffer `bid`, which some piece of is taken: a zero-copy send lends
+    // it to the kernel until its notification. Given back with recycle(), as a piece is.
+    void hold(uint16_t bid) { ++use_[bid].pieces; }
     // A recv CQE whose bytes nobody wants (it completed as its connection closed, or after
     // its direction stopped): its piece is taken and recycled at once.
     void drop(uint32_t cqe_flags, int res) { recycle(take(cqe_flags, res).bid); }
     // Buffers in the kernel's ring now: how many recvs can get one before it runs dry.
     uint32_t inRing() const { return in_ring_; }
+    // Buffers neither in the ring nor free: they hold bytes not yet sent, or are lent to the
+    // kernel by a zero-copy send. 0 once every connection is gone.
+    uint32_t busy() const { return count_ - in_ring_ - static_cast<uint32_t>(free_.size()); }
+    uint32_t count() const { return count_; }
     // A recv found the ring empty (-ENOBUFS). If free buffers were waiting on the stack, the ring
     // held too few for the load: it holds twice as many from now on, up to `provided`.
     void ranDry();

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+
 #include "log.hpp"
 #include "uring/user_data.hpp"
 
@@ -44,6 +46,29 @@ io_uring_sqe* Ring::sqe() {
         s = io_uring_get_sqe(&ring_);
     }
     return s;
+}
+
+SendZcSupport Ring::probeSendZc() {
+    SendZcSupport out;
+    io_uring_probe* probe = io_uring_get_probe_ring(&ring_);
+    if (probe == nullptr) return out;
+    out.op = io_uring_opcode_supported(probe, IORING_OP_SEND_ZC);
+    io_uring_free_probe(probe);
+    if (!out.op) return out;
+    io_uring_sqe* s = sqe();
+    io_uring_prep_send_zc(s, -1, nullptr, 0, 0, kSendZcReportUsage);
+    io_uring_sqe_set_data64(s, UserData{}.pack());
+    if (io_uring_submit_and_wait(&ring_, 1) < 0) return out;
+    // The failed request still has its notification allocated and posts it (its first CQE
+    // says so with IORING_CQE_F_MORE): both are taken here.
+    for (bool more = true; more;) {
+        io_uring_cqe* cqe = nullptr;
+        if (io_uring_wait_cqe(&ring_, &cqe) < 0) break;
+        if (!(cqe->flags & IORING_CQE_F_NOTIF)) out.report_usage = cqe->res != -EINVAL;
+        more = (cqe->flags & IORING_CQE_F_MORE) != 0;
+        io_uring_cqe_seen(&ring_, cqe);
+    }
+    return out;
 }
 
 int Ring::submitAndWait() { return io_uring_submit_and_wait(&ring_, 1); }

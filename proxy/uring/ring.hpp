@@ -3,11 +3,23 @@
 // create it on the worker thread, never touch it from another.
 #include <liburing.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "result.hpp"
 
 namespace zcrelay {
+
+// What this kernel offers for IORING_OP_SEND_ZC (Linux 6.0): whether it has the op at all, and
+// whether a notification can report that the kernel copied after all
+// (IORING_SEND_ZC_REPORT_USAGE, Linux 6.2; Debian 12's own 6.1 has the op but not the flag).
+// liburing 2.3's headers predate these (Linux 6.2's uapi).
+inline constexpr uint16_t kSendZcReportUsage = 1u << 3;   // IORING_SEND_ZC_REPORT_USAGE
+inline constexpr uint32_t kNotifZcCopied = 1u << 31;      // IORING_NOTIF_USAGE_ZC_COPIED
+struct SendZcSupport {
+    bool op = false;
+    bool report_usage = false;
+};
 
 class Ring {
   public:
@@ -29,6 +41,10 @@ class Ring {
     // Closes `fd` on the ring, for a socket nothing is armed on: no cancel to match (the cancel
     // walks every request in flight on the ring). The CQE carries UserData{}.
     void close(int fd);
+    // Asks the kernel once, on this ring: a SEND_ZC on no socket fails in its flag check (no
+    // such flag: -EINVAL) before it looks at the fd (-EBADF). Call before any other SQE is
+    // queued; a notification it may leave behind carries UserData{} (nothing to do).
+    SendZcSupport probeSendZc();
     io_uring* raw() { return &ring_; }
     unsigned flags() const { return flags_; }
 

@@ -3,7 +3,12 @@
 //
 //   bit  0..7   Op          what the SQE was
 //   bit  8      direction   0 = client->upstream, 1 = upstream->client (per-connection ops)
-//   bit  9..31  slot        connection slot, listener index for Accept, check for Check*
+//   bit  9..12  aux         what the op needs to name besides its slot: for a zero-copy Send,
+//                           which of its direction's holds the buffer is in (copy_pump.hpp);
+//                           the send's notification comes back with the same user_data
+//   bit 13..31  slot        connection slot, listener index for Accept, check for Check*
+//                           (524,287 at most: a worker's connections are bounded by the
+//                           process's fds, 20,000 here)
 //   bit 32..63  generation  the slot's generation when the SQE was issued
 //
 // A slot is reused only after every SQE issued for it has completed (Conn::inflight), so a
@@ -39,17 +44,24 @@ struct UserData {
     uint8_t dir = 0;
     uint32_t slot = 0;
     uint32_t generation = 0;
+    uint8_t aux = 0;
 
-    static constexpr uint32_t kMaxSlot = (1u << 23) - 1;
+    static constexpr uint32_t kMaxSlot = (1u << 19) - 1;
+    static constexpr uint8_t kMaxAux = (1u << 4) - 1;
 
+    // The low bits of a packed value: an op and its aux, for a tag that has the rest.
+    static constexpr uint64_t opBits(Op op, uint8_t aux = 0) {
+        return static_cast<uint64_t>(op) | (static_cast<uint64_t>(aux & kMaxAux) << 9);
+    }
     constexpr uint64_t pack() const {
-        return static_cast<uint64_t>(op) | (static_cast<uint64_t>(dir & 1) << 8) |
-               (static_cast<uint64_t>(slot & kMaxSlot) << 9) |
+        return opBits(op, aux) | (static_cast<uint64_t>(dir & 1) << 8) |
+               (static_cast<uint64_t>(slot & kMaxSlot) << 13) |
                (static_cast<uint64_t>(generation) << 32);
     }
     static constexpr UserData unpack(uint64_t v) {
         return UserData{static_cast<Op>(v & 0xff), static_cast<uint8_t>((v >> 8) & 1),
-                        static_cast<uint32_t>((v >> 9) & kMaxSlot), static_cast<uint32_t>(v >> 32)};
+                        static_cast<uint32_t>((v >> 13) & kMaxSlot),
+                        static_cast<uint32_t>(v >> 32), static_cast<uint8_t>((v >> 9) & kMaxAux)};
     }
     friend constexpr bool operator==(const UserData&, const UserData&) = default;
 };

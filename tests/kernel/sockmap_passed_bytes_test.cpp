@@ -42,7 +42,7 @@ class PumpDriver {
         if (!bufs) return "buffer ring: " + bufs.error().message();
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(0, 1024, stats_);
-        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, &map_, stats_});
+        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, &map_, stats_, {}});
         return take(pump_.start(port(), *env_));
     }
 
@@ -67,7 +67,8 @@ class PumpDriver {
                 if (ud.op == Op::Ignore) continue;
                 --inflight_;
                 if (err.empty())
-                    err = take(pump_.onCompletion(port(), *env_, ud.op, cqe->res, cqe->flags));
+                    err = take(
+                        pump_.onCompletion(port(), *env_, ud.op, cqe->res, cqe->flags, ud.aux));
             }
             io_uring_cq_advance(ring_->raw(), count);
             if (!err.empty()) return err;

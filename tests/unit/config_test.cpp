@@ -72,7 +72,7 @@ INSTANTIATE_TEST_SUITE_P(
             "proxy_max_size, max_connections, max_connections_per_source, mode, pipe_size, "
             "connect_timeout, idle_timeout, client_fin_timeout, server_fin_timeout, "
             "max_connection_duration, max_connection_duration_jitter, tcp_nodelay, "
-            "notsent_lowat, tcp_keepalive, routes"},
+            "notsent_lowat, send_zerocopy, tcp_keepalive, routes"},
         BadFixture{"wrong_type.yaml",
                    "5:16: listeners[0].pipe_size: expected a size such as 64KiB, got a map"},
         BadFixture{"workers_not_number.yaml",

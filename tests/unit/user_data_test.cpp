@@ -9,8 +9,11 @@ TEST(UserData, RoundTripsEveryField) {
     for (uint32_t slot : {0u, 1u, 4095u, UserData::kMaxSlot}) {
         for (uint32_t gen : {0u, 1u, 0xdeadbeefu, 0xffffffffu}) {
             for (uint8_t dir : {0, 1}) {
-                UserData ud{Op::Send, dir, slot, gen};
-                EXPECT_EQ(UserData::unpack(ud.pack()), ud) << "slot " << slot << " gen " << gen;
+                for (uint8_t aux : {0, 5, static_cast<int>(UserData::kMaxAux)}) {
+                    UserData ud{Op::Send, dir, slot, gen, aux};
+                    EXPECT_EQ(UserData::unpack(ud.pack()), ud)
+                        << "slot " << slot << " gen " << gen << " aux " << int{aux};
+                }
             }
         }
     }
@@ -26,6 +29,17 @@ TEST(UserData, FieldsDoNotBleedIntoEachOther) {
     UserData c{Op::Recv, 0, UserData::kMaxSlot + 1, 7};
     EXPECT_EQ(UserData::unpack(c.pack()).generation, 7u);
     EXPECT_EQ(UserData::unpack(c.pack()).slot, 0u);
+    // An aux past its width neither: it stays out of the slot.
+    UserData d{Op::Send, 0, 3, 9, static_cast<uint8_t>(UserData::kMaxAux + 1)};
+    EXPECT_EQ(UserData::unpack(d.pack()).slot, 3u);
+    EXPECT_EQ(UserData::unpack(d.pack()).aux, 0);
+}
+
+TEST(UserData, OpBitsCompleteATag) {
+    // A pump's SQEs are its direction's tag (op 0) with the op and aux ORed in.
+    UserData tag{Op::Ignore, 1, 4095, 77};
+    UserData full = UserData::unpack(tag.pack() | UserData::opBits(Op::Send, 11));
+    EXPECT_EQ(full, (UserData{Op::Send, 1, 4095, 77, 11}));
 }
 
 TEST(UserData, ZeroIsIgnore) {
