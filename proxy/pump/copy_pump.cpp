@@ -3,6 +3,8 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <cerrno>
+
 namespace zcrelay {
 
 void prepCopyRecv(io_uring_sqe* sqe, int src, const BufRing& bufs, RecvWait wait,
@@ -51,7 +53,8 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
     if (arm_send) {
         const CopyChunk& chunk = queue_.front();
         send_hold_ = -1;
-        if (p.zerocopy && env.send_zc.op && chunk.len - chunk.sent >= kZerocopyMin) {
+        if (p.zerocopy && env.send_zc.op && !zerocopy_refused_ &&
+            chunk.len - chunk.sent >= kZerocopyMin) {
             if (env.zerocopy_held < env.zerocopy_budget)
                 send_hold_ = static_cast<int8_t>(holds_.take(chunk.bid));
             if (send_hold_ < 0) env.stats.zerocopy_sends[idx(ZerocopySend::Plain)].add();
@@ -95,9 +98,16 @@ int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res, uint32_t flag
     send_armed_ = false;
     // A zero-copy send whose CQE promises no notification (it failed before the kernel took
     // the pages) gives its hold back now.
-    if (send_hold_ >= 0 && !(flags & IORING_CQE_F_MORE))
-        release(env, static_cast<uint8_t>(send_hold_));
+    bool zerocopy = send_hold_ >= 0;
+    if (zerocopy && !(flags & IORING_CQE_F_MORE)) release(env, static_cast<uint8_t>(send_hold_));
     send_hold_ = -1;
+    if (res == -EOPNOTSUPP && zerocopy) {
+        // Only sockets with SOCK_SUPPORT_ZC (TCP, UDP) take a zero-copy send; a unix socket (a
+        // unix backend) refuses it before sending anything. This direction sends plainly from
+        // now on, starting with these bytes.
+        zerocopy_refused_ = true;
+        return 0;
+    }
     if (res < 0) {
         if (res == -EAGAIN) {
             // dst is full: send again once it says it has room.

@@ -172,6 +172,7 @@ class CopyPump {
     bool poll_out_ = false;    // POLLOUT armed on dst after a send found no room
     bool src_emptied_ = false;  // the last recv took less than a buffer: src is probably empty
     int8_t send_hold_ = -1;     // the armed send's hold, if it is a zero-copy send
+    bool zerocopy_refused_ = false;  // dst refused a zero-copy send (not TCP): plain sends
     ZerocopyHolds holds_;
     SourceWatch watch_;
 };

@@ -409,6 +409,8 @@ std::string RelayConfig::yaml() const {
         os << "    connect_timeout: " << l.connect_timeout << "\n";
         os << "    idle_timeout: " << l.idle_timeout << "\n";
         if (!l.extra_yaml.empty()) os << l.extra_yaml << (l.extra_yaml.back() == '\n' ? "" : "\n");
+        if (kSendZerocopyEverywhere && l.extra_yaml.find("send_zerocopy:") == std::string::npos)
+            os << "    send_zerocopy: true\n";
     }
     return os.str();
 }

@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <condition_variable>
 #include <functional>
 #include <map>
@@ -196,6 +197,14 @@ std::vector<Fd> relaySocketsTo(pid_t pid, const std::vector<uint16_t>& peer_port
 // shadow memory needs terabytes of address space).
 bool relayIsSanitized();
 inline const bool kSanitized = relayIsSanitized();
+
+// ZCRELAY_TEST_SEND_ZEROCOPY=1 in the environment: RelayConfig::yaml() turns `send_zerocopy` on
+// in every listener that does not set it itself, so the copy-mode cases run once more with the
+// switch on (ctest's send_zerocopy.* tests).
+inline const bool kSendZerocopyEverywhere = [] {
+    const char* v = std::getenv("ZCRELAY_TEST_SEND_ZEROCOPY");
+    return v != nullptr && std::string(v) == "1";
+}();
 
 // The three data paths a listener can run (`mode:`), for the TEST_Ps that cover each of them.
 inline const std::vector<std::string> kModes(kDataPathLabels.begin(), kDataPathLabels.end());
