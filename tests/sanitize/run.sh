@@ -34,7 +34,11 @@
 #                 close that other cases run. Of the discovery and runtime API tests, the
 #                 scale-under-load and drain cases in copy and sockmap mode (the publish and
 #                 drain paths are the splice case's; those data paths run elsewhere), and the
-#                 refresh case, which waits for the DNS server's query counts.
+#                 refresh case, which waits for the DNS server's query counts. And the
+#                 metrics endpoint's siege (15 s a run, most of it waiting for probes' deadlines
+#                 while idle connections hold the endpoint): its HTTP server runs sanitized in
+#                 this tree's own HttpServerTest cases, deadlines and eviction included, and every
+#                 relay case scrapes the endpoint.
 #   full          every unit, kernel and integration case.
 set -euo pipefail
 kind=$1 src=$2 tree=$3 main=$4
@@ -44,7 +48,8 @@ case $profile in
         exclude+='|SniHaproxyCrossCheck|EverySplitPointLandsByteExact'
         exclude+='|WithoutFinTimeoutsHalfClosed|MaxDurationJitter|MaxDurationCountsFromEach'
         exclude+='|ClientVanishesWithoutFin'
-        exclude+='|DiscoveryScaleTest.*/(copy|sockmap)|RefreshFollowsTheTtl|AdminDrainTest.*/(copy|sockmap)' ;;
+        exclude+='|DiscoveryScaleTest.*/(copy|sockmap)|RefreshFollowsTheTtl|AdminDrainTest.*/(copy|sockmap)'
+        exclude+='|EndpointSiege' ;;
     full) exclude='^$' ;;
     *) echo "ZCRELAY_SANITIZE_PROFILE=$profile: expected ci or full" >&2; exit 2 ;;
 esac
