@@ -93,9 +93,11 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
                 pumps_.bufs.drop(cqe->flags, cqe->res);
+            } else if (ud.op == Op::Send) {
+                // A zero-copy send's CQE after the connection stopped relaying: the buffer it
+                // lent goes back once the kernel let go of it.
+                returnHold(pumps_, ud.aux, cqe->res, cqe->flags);
             }
-            // A zero-copy send's buffer held for a notification that came after the connection
-            // stopped relaying goes back with the slot (CopyPump::reclaim).
             break;
         default:
             break;

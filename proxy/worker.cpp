@@ -117,8 +117,9 @@ Result<void> Worker::setUp() {
     getrlimit(RLIMIT_NOFILE, &nofile);
     int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
     pipes_ = std::make_unique<PipePool>(pipes, ceiling, stats_);
-    pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc()});
-    pumps_->zerocopy_budget = kCopyBuffers / 2;
+    holds_ = std::make_unique<ZerocopyHolds>(
+        static_cast<uint8_t>(std::min<uint32_t>(kCopyBuffers / 2, ZerocopyHolds::kHolds)));
+    pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc(), *holds_});
     if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
         LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");
     conns_ =

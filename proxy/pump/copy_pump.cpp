@@ -52,19 +52,18 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
         return Flow::Idle;
     if (arm_send) {
         const CopyChunk& chunk = queue_.front();
-        send_hold_ = -1;
+        send_hold_ = 0;
         if (p.zerocopy && env.send_zc.op && !zerocopy_refused_ &&
             chunk.len - chunk.sent >= kZerocopyMin) {
-            if (env.zerocopy_held < env.zerocopy_budget)
-                send_hold_ = static_cast<int8_t>(holds_.take(chunk.bid));
-            if (send_hold_ < 0) env.stats.zerocopy_sends[idx(ZerocopySend::Plain)].add();
+            if (lent_ < kDirectionHolds) send_hold_ = env.holds.take(chunk.bid);
+            if (send_hold_ == 0) env.stats.zerocopy_sends[idx(ZerocopySend::Plain)].add();
         }
-        if (send_hold_ >= 0) {
+        if (send_hold_ != 0) {
             // The hold's own reference: the buffer outlives the chunk's recycle on this CQE.
             env.bufs.hold(chunk.bid);
-            ++env.zerocopy_held;
-            prepCopySend(p.sqe(Op::Send, static_cast<uint8_t>(send_hold_)), p.dst, env.bufs,
-                         chunk, true, env.send_zc.report_usage);
+            ++lent_;
+            prepCopySend(p.sqe(Op::Send, send_hold_), p.dst, env.bufs, chunk, true,
+                         env.send_zc.report_usage);
         } else {
             prepCopySend(p.sqe(Op::Send), p.dst, env.bufs, chunk);
         }
@@ -83,14 +82,29 @@ void CopyPump::recvDone(PumpEnv& env, int res, uint32_t flags) {
     if (flags & IORING_CQE_F_BUFFER) env.bufs.drop(flags, res);
 }
 
-bool CopyPump::notified(PumpEnv& env, int res, uint32_t flags, uint8_t aux) {
-    if (!(flags & IORING_CQE_F_NOTIF)) return false;
-    if (!holds_.has(aux)) return true;  // cannot be: every zero-copy send takes a hold
-    release(env, aux);
+namespace {
+
+void countNotification(PumpEnv& env, int res) {
     ZerocopySend what = !env.send_zc.report_usage                     ? ZerocopySend::Unreported
                         : static_cast<uint32_t>(res) & kNotifZcCopied ? ZerocopySend::Copied
                                                                       : ZerocopySend::Zerocopy;
     env.stats.zerocopy_sends[idx(what)].add();
+}
+
+}  // namespace
+
+void returnHold(PumpEnv& env, uint8_t aux, int res, uint32_t flags) {
+    if (aux == 0) return;  // a plain send
+    bool notification = flags & IORING_CQE_F_NOTIF;
+    if (!notification && (flags & IORING_CQE_F_MORE)) return;  // its notification will
+    env.bufs.recycle(env.holds.release(aux));
+    if (notification) countNotification(env, res);
+}
+
+bool CopyPump::notified(PumpEnv& env, int res, uint32_t flags, uint8_t aux) {
+    if (!(flags & IORING_CQE_F_NOTIF)) return false;
+    giveBack(env, aux);
+    countNotification(env, res);
     return true;
 }
 
@@ -98,9 +112,9 @@ int64_t CopyPump::onSend(const PumpPort& p, PumpEnv& env, int res, uint32_t flag
     send_armed_ = false;
     // A zero-copy send whose CQE promises no notification (it failed before the kernel took
     // the pages) gives its hold back now.
-    bool zerocopy = send_hold_ >= 0;
-    if (zerocopy && !(flags & IORING_CQE_F_MORE)) release(env, static_cast<uint8_t>(send_hold_));
-    send_hold_ = -1;
+    bool zerocopy = send_hold_ != 0;
+    if (zerocopy && !(flags & IORING_CQE_F_MORE)) giveBack(env, send_hold_);
+    send_hold_ = 0;
     if (res == -EOPNOTSUPP && zerocopy) {
         // Only sockets with SOCK_SUPPORT_ZC (TCP, UDP) take a zero-copy send; a unix socket (a
         // unix backend) refuses it before sending anything. This direction sends plainly from
@@ -193,13 +207,11 @@ void CopyPump::reclaim(PumpEnv& env) {
         env.bufs.recycle(queue_.front().bid);
         queue_.pop();
     }
-    for (uint8_t i = 0; i < ZerocopyHolds::kHolds; ++i)
-        if (holds_.has(i)) release(env, i);
 }
 
-void CopyPump::release(PumpEnv& env, uint8_t hold) {
-    env.bufs.recycle(holds_.release(hold));
-    --env.zerocopy_held;
+void CopyPump::giveBack(PumpEnv& env, uint8_t hold) {
+    env.bufs.recycle(env.holds.release(hold));
+    --lent_;
 }
 
 }  // namespace zcrelay

@@ -26,12 +26,13 @@
 // (IORING_CQE_F_NOTIF, with the send's user_data), says when. Until then the buffer is held,
 // whatever becomes of the connection: a recv must not refill pages a retransmission may still
 // read. The send's CQE says whether a notification follows (IORING_CQE_F_MORE); the hold ends
-// with it, or with the CQE when none follows. A direction has kHolds holds, each named in its
-// send's user_data (aux), so a notification finds its buffer in whatever order they come;
-// with all of them taken, or the worker's budget (half its pool) lent out, the next send goes
-// plain rather than wait: a peer that stops acknowledging (a slow reader's zero window keeps the
-// skbs queued too) holds at most 16 buffers, and such peers together at most half the pool, so
-// recvs always find buffers. Sends stay plain below 16 KiB:
+// with it, or with the CQE when none follows. Holds are the worker's (ZerocopyHolds, 127 at most,
+// about half the pool), each named in its send's user_data (aux), so a notification finds its
+// buffer in whatever order they come, even after its connection closed. A direction takes 16 at
+// most; past that, or with the worker's all taken, the next send goes plain rather than wait: a
+// peer that stops acknowledging (a slow reader's zero window keeps the skbs queued too) holds at
+// most 16 buffers, and such peers together at most half the pool, so recvs always find
+// buffers. Sends stay plain below 16 KiB:
 // notifications then cost more than the copy they save (bench/send_zc_probe on this kernel,
 // 16 sends in flight: 8 KiB sends moved 1,290 MB/s, 16 KiB 2,773, a plain send about 1,950;
 // 4 KiB did not move 256 MiB in a minute).
@@ -69,28 +70,42 @@ struct CopyChunk {
 void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& chunk,
                   bool zerocopy = false, bool report_usage = false);
 
-// The buffers a direction's zero-copy sends have lent to the kernel, each until its send's
-// notification. A hold's index is the aux of its send's user_data.
-struct ZerocopyHolds {
-    static constexpr uint8_t kHolds = UserData::kMaxAux + 1;
-    std::array<uint16_t, kHolds> bid{};
-    uint16_t taken = 0;  // bit i: hold i lends bid[i]
+// The buffers a worker's zero-copy sends have lent to the kernel, each until its send's
+// notification. A hold's number (1..kHolds; 0 = none) is the aux of its send's user_data, so
+// the notification gives the buffer back wherever it arrives: to its direction, or, once the
+// connection stopped relaying, through the lifecycle (returnHold). Fixed arrays: taking and
+// giving back never allocate.
+class ZerocopyHolds {
+  public:
+    static constexpr uint8_t kHolds = UserData::kMaxAux;  // 127
 
-    // A free hold for `b`, or -1 when all are taken.
-    int take(uint16_t b) {
-        if (taken == 0xffff) return -1;
-        int i = __builtin_ctz(static_cast<unsigned>(~taken) & 0xffffu);
-        taken |= static_cast<uint16_t>(1u << i);
-        bid[i] = b;
-        return i;
+    // At most `limit` (<= kHolds) holds at a time.
+    explicit ZerocopyHolds(uint8_t limit) {
+        for (uint8_t h = limit; h >= 1; --h) free_[free_count_++] = h;
     }
-    bool has(uint8_t i) const { return i < kHolds && (taken >> i & 1); }
-    uint16_t release(uint8_t i) {
-        taken &= static_cast<uint16_t>(~(1u << i));
-        return bid[i];
+    // A hold for buffer `bid`, or 0 when `limit` are taken.
+    uint8_t take(uint16_t bid) {
+        if (free_count_ == 0) return 0;
+        uint8_t h = free_[--free_count_];
+        bid_[h] = bid;
+        return h;
     }
+    // The buffer of hold `h`, which is free again.
+    uint16_t release(uint8_t h) {
+        free_[free_count_++] = h;
+        return bid_[h];
+    }
+
+  private:
+    std::array<uint16_t, kHolds + 1> bid_{};
+    std::array<uint8_t, kHolds> free_{};
+    uint8_t free_count_ = 0;
 };
-static_assert(ZerocopyHolds::kHolds == 16, "ZerocopyHolds::taken has a bit per hold");
+// A Send CQE whose connection no longer relays, so no pump sees it: if it ends a zero-copy
+// send's hold (its notification, or a send CQE that says none follows), the buffer goes back,
+// and a notification is counted in zcrelay_zerocopy_sends_total.
+void returnHold(PumpEnv& env, uint8_t aux, int res, uint32_t flags);
+inline constexpr uint8_t kDirectionHolds = 16;  // a direction's share of the worker's holds
 inline constexpr uint32_t kZerocopyMin = 16 * 1024;
 
 struct CopyQueue {
@@ -128,8 +143,8 @@ class CopyPump {
     // Nothing to release before the sockets close: a send in flight still reads its buffer,
     // and a zero-copy send's pages are the kernel's until its notification.
     void abort(const PumpPort&, PumpEnv&) {}
-    // The slot is freed (nothing in flight, every notification in): the queued buffers and the
-    // holds of notifications that came after the connection stopped relaying go back.
+    // The slot is freed (nothing in flight, every notification in): the queued buffers go
+    // back. Holds went back with their notifications (returnHold once not relaying).
     void reclaim(PumpEnv& env);
 
     // ---- the parts, for a pump that moves some of its bytes by copy
@@ -162,18 +177,20 @@ class CopyPump {
 
   private:
     Step settle(const PumpPort& p, Flow flow);
-    void release(PumpEnv& env, uint8_t hold);
+    void giveBack(PumpEnv& env, uint8_t hold);
 
-    CopyQueue queue_;          // buffers in flight
-    bool eof_ = false;         // src returned end of stream
-    bool done_ = false;        // Drained was reported (the FIN passed on)
-    bool recv_armed_ = false;  // a recv on src in flight
-    bool send_armed_ = false;  // a send on dst in flight
-    bool poll_out_ = false;    // POLLOUT armed on dst after a send found no room
-    bool src_emptied_ = false;  // the last recv took less than a buffer: src is probably empty
-    int8_t send_hold_ = -1;     // the armed send's hold, if it is a zero-copy send
-    bool zerocopy_refused_ = false;  // dst refused a zero-copy send (not TCP): plain sends
-    ZerocopyHolds holds_;
+    // One bit each: a connection has two directions, so every byte here is two bytes of every
+    // connection's memory, idle ones included.
+    CopyQueue queue_;               // buffers in flight
+    bool eof_ : 1 = false;          // src returned end of stream
+    bool done_ : 1 = false;         // Drained was reported (the FIN passed on)
+    bool recv_armed_ : 1 = false;   // a recv on src in flight
+    bool send_armed_ : 1 = false;   // a send on dst in flight
+    bool poll_out_ : 1 = false;     // POLLOUT armed on dst after a send found no room
+    bool src_emptied_ : 1 = false;  // the last recv took less than a buffer: src is probably empty
+    bool zerocopy_refused_ : 1 = false;  // dst refused a zero-copy send (not TCP): plain sends
+    uint8_t send_hold_ = 0;         // the armed send's hold if it is a zero-copy send, else 0
+    uint8_t lent_ = 0;              // holds of this direction's sends (kDirectionHolds at most)
     SourceWatch watch_;
 };
 

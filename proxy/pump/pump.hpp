@@ -32,6 +32,7 @@ namespace zcrelay {
 class BufRing;
 class PipePool;
 class Sockmap;
+class ZerocopyHolds;
 
 // A pump's verdict after it started or handled a completion.
 struct Step {
@@ -105,11 +106,10 @@ struct PumpEnv {
     Sockmap* sockmap;  // null when the program is not loaded
     WorkerStats& stats;
     SendZcSupport send_zc;
-    // Buffers zero-copy sends of all the worker's connections have lent to the kernel, and how
-    // many they may: a peer that stops acknowledging keeps its direction's holds, and a few such
-    // peers must not take the pool every recv needs (copy_pump.hpp).
-    uint32_t zerocopy_held = 0;
-    uint32_t zerocopy_budget = 0;
+    // The buffers zero-copy sends have lent to the kernel, a bounded share of `bufs`: a peer that
+    // stops acknowledging keeps its direction's, and a few such peers must not take the pool
+    // every recv needs (pump/copy_pump.hpp).
+    ZerocopyHolds& holds;
 };
 
 // A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data

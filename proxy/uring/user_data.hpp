@@ -1,11 +1,11 @@
 #pragma once
 // The only place a completion's identity is packed into io_uring's 64-bit user_data.
 //
-//   bit  0..7   Op          what the SQE was
-//   bit  8      direction   0 = client->upstream, 1 = upstream->client (per-connection ops)
-//   bit  9..12  aux         what the op needs to name besides its slot: for a zero-copy Send,
-//                           which of its direction's holds the buffer is in (copy_pump.hpp);
-//                           the send's notification comes back with the same user_data
+//   bit  0..4   Op          what the SQE was (32 at most)
+//   bit  5      direction   0 = client->upstream, 1 = upstream->client (per-connection ops)
+//   bit  6..12  aux         what the op needs to name besides its slot: for a zero-copy Send,
+//                           its hold (1..127, pump/copy_pump.hpp), which its notification
+//                           brings back in the same user_data; 0 otherwise
 //   bit 13..31  slot        connection slot, listener index for Accept, check for Check*
 //                           (524,287 at most: a worker's connections are bounded by the
 //                           process's fds, 20,000 here)
@@ -39,6 +39,9 @@ enum class Op : uint8_t {
     CheckTimer,      // the wait until a backend's next check
 };
 
+// CheckTimer is the last Op: one added after it moves this check.
+static_assert(static_cast<uint8_t>(Op::CheckTimer) < 32, "Op has 5 bits in user_data");
+
 struct UserData {
     Op op = Op::Ignore;
     uint8_t dir = 0;
@@ -47,21 +50,22 @@ struct UserData {
     uint8_t aux = 0;
 
     static constexpr uint32_t kMaxSlot = (1u << 19) - 1;
-    static constexpr uint8_t kMaxAux = (1u << 4) - 1;
+    static constexpr uint8_t kMaxAux = (1u << 7) - 1;
+    static constexpr uint8_t kOpMask = (1u << 5) - 1;
 
     // The low bits of a packed value: an op and its aux, for a tag that has the rest.
     static constexpr uint64_t opBits(Op op, uint8_t aux = 0) {
-        return static_cast<uint64_t>(op) | (static_cast<uint64_t>(aux & kMaxAux) << 9);
+        return (static_cast<uint64_t>(op) & kOpMask) | (static_cast<uint64_t>(aux & kMaxAux) << 6);
     }
     constexpr uint64_t pack() const {
-        return opBits(op, aux) | (static_cast<uint64_t>(dir & 1) << 8) |
+        return opBits(op, aux) | (static_cast<uint64_t>(dir & 1) << 5) |
                (static_cast<uint64_t>(slot & kMaxSlot) << 13) |
                (static_cast<uint64_t>(generation) << 32);
     }
     static constexpr UserData unpack(uint64_t v) {
-        return UserData{static_cast<Op>(v & 0xff), static_cast<uint8_t>((v >> 8) & 1),
+        return UserData{static_cast<Op>(v & kOpMask), static_cast<uint8_t>((v >> 5) & 1),
                         static_cast<uint32_t>((v >> 13) & kMaxSlot),
-                        static_cast<uint32_t>(v >> 32), static_cast<uint8_t>((v >> 9) & kMaxAux)};
+                        static_cast<uint32_t>(v >> 32), static_cast<uint8_t>((v >> 6) & kMaxAux)};
     }
     friend constexpr bool operator==(const UserData&, const UserData&) = default;
 };

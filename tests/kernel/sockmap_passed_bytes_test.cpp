@@ -42,7 +42,7 @@ class PumpDriver {
         if (!bufs) return "buffer ring: " + bufs.error().message();
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(0, 1024, stats_);
-        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, &map_, stats_, {}});
+        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, &map_, stats_, {}, holds_});
         return take(pump_.start(port(), *env_));
     }
 
@@ -131,6 +131,7 @@ class PumpDriver {
     std::unique_ptr<Ring> ring_;
     std::unique_ptr<BufRing> bufs_;
     std::unique_ptr<PipePool> pipes_;
+    ZerocopyHolds holds_{0};  // no zero-copy sends here
     std::unique_ptr<PumpEnv> env_;
 };
 

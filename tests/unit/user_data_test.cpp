@@ -38,8 +38,8 @@ TEST(UserData, FieldsDoNotBleedIntoEachOther) {
 TEST(UserData, OpBitsCompleteATag) {
     // A pump's SQEs are its direction's tag (op 0) with the op and aux ORed in.
     UserData tag{Op::Ignore, 1, 4095, 77};
-    UserData full = UserData::unpack(tag.pack() | UserData::opBits(Op::Send, 11));
-    EXPECT_EQ(full, (UserData{Op::Send, 1, 4095, 77, 11}));
+    UserData full = UserData::unpack(tag.pack() | UserData::opBits(Op::Send, 111));
+    EXPECT_EQ(full, (UserData{Op::Send, 1, 4095, 77, 111}));
 }
 
 TEST(UserData, ZeroIsIgnore) {
