@@ -109,7 +109,8 @@ class Collector : public prometheus::Collectable {
                         "Copy sends of 16KiB or more on send_zerocopy listeners, by what became "
                         "of them: zerocopy (sent from the buffer's pages), copied (the kernel "
                         "copied after all, as on loopback), unreported (the kernel cannot say), "
-                        "plain (the direction's 16 holds were taken: sent plainly).",
+                        "plain (the direction's 16 holds or the worker's 127 were taken: sent "
+                        "plainly).",
                         MetricType::Counter);
         for (size_t r = 0; r < idx(ZerocopySend::kCount); ++r) {
             zerocopy.add({{"result", std::string(kZerocopySendLabels[r])}},
