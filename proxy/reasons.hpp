@@ -63,7 +63,7 @@ namespace zcrelay {
     X(Zerocopy, "zerocopy")     /* the skbs carried the buffer's own pages */                  \
     X(Copied, "copied")         /* the kernel copied after all (loopback always does) */       \
     X(Unreported, "unreported") /* notified; the kernel cannot say which (before Linux 6.2) */   \
-    X(Plain, "plain")           /* sent plainly: the direction's holds were all taken */
+    X(Plain, "plain")           /* sent plainly: the direction's or the worker's holds were taken */
 
 #define ZCRELAY_ENUM_ITEM(name, label) name,
 #define ZCRELAY_LABEL_ITEM(name, label) label,
