@@ -32,10 +32,12 @@ void Acceptor::setClientOptions(const Listener& l, const ListenerConfig& config)
     if (l.address.family() != AF_UNIX) applyTcpOptions(l.fd.get(), config, config.tcp_keepalive);
 }
 
-Acceptor::Accepted Acceptor::onAccept(uint32_t li, int res, int64_t now_ms) {
+Acceptor::Accepted Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
     Listener& l = listeners_[li];
     --l.armed;
     --armed_;
+    const uint32_t at = aux % kBatch;
+    l.peers->busy &= ~(1u << at);
     Accepted out;
     if (l.closed) {
         if (res >= 0) ::close(res);  // accepted just before a reload removed the listener
@@ -44,6 +46,8 @@ Acceptor::Accepted Acceptor::onAccept(uint32_t li, int res, int64_t now_ms) {
     if (res >= 0) {
         out.fd = res;
         out.listener = l.rt_index;
+        out.peer = addressFromSockaddr(reinterpret_cast<const sockaddr*>(&l.peers->addr[at]),
+                                       l.peers->len[at]);
         return out;
     }
     if (res == -EMFILE || res == -ENFILE || res == -ENOBUFS || res == -ENOMEM) {

@@ -16,7 +16,9 @@
 //                the spare fd can be taken back (the worker's resume).
 #include <sys/socket.h>
 
+#include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "address.hpp"
@@ -48,11 +50,12 @@ class Acceptor {
 
     struct Accepted {
         int fd = -1;              // the client's socket; -1: nothing to serve
+        SocketAddress peer;       // the client's address, as the kernel wrote it at accept
         int32_t listener = -1;    // its index in the current generation's listeners
         bool out_of_fds = false;  // EMFILE and the like: pause()
     };
-    // An Accept CQE on listener li.
-    Accepted onAccept(uint32_t li, int res, int64_t now_ms);
+    // An Accept CQE on listener li; `aux` is the user_data's, naming the address slot.
+    Accepted onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms);
 
     // Out of fds: every listener's armed accepts are cancelled, none armed until resume().
     void pause(Ring& ring);
@@ -73,7 +76,15 @@ class Acceptor {
   private:
     // A listening socket. listeners_ only grows (an index is the Accept SQE's slot, so it must
     // stay valid while accepts are armed); a listener a reload removed stays closed in place.
+    // Where the kernel writes each armed accept's peer address: it keeps the pointers until the
+    // accept completes, so the block stays put (held by pointer) when listeners_ grows.
+    struct PeerSlots {
+        std::array<sockaddr_storage, kBatch> addr{};
+        std::array<socklen_t, kBatch> len{};
+        uint32_t busy = 0;  // bit i: slot i is armed
+    };
     struct Listener {
+        std::unique_ptr<PeerSlots> peers = std::make_unique<PeerSlots>();
         UniqueFd fd;
         SocketAddress address;  // as configured (port 0 included)
         int32_t rt_index = -1;  // its index in the current generation's listeners
@@ -103,9 +114,15 @@ void Acceptor::arm(Ring& ring, uint32_t li, uint32_t room, BelowLimits&& below_l
             break;
         }
         io_uring_sqe* sqe = ring.sqe();
+        // A free address slot: at most kBatch are armed, so there is one. The peer's address
+        // comes with the accept, not from a getpeername() per connection.
+        const auto at = static_cast<uint8_t>(__builtin_ctz(~l.peers->busy));
+        l.peers->busy |= 1u << at;
+        l.peers->len[at] = sizeof(sockaddr_storage);
         // The accepted sockets come out nonblocking, as the inline splice needs.
-        io_uring_prep_accept(sqe, l.fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0}.pack());
+        io_uring_prep_accept(sqe, l.fd.get(), reinterpret_cast<sockaddr*>(&l.peers->addr[at]),
+                             &l.peers->len[at], SOCK_NONBLOCK | SOCK_CLOEXEC);
+        io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0, at}.pack());
         ++l.armed;
         ++armed_;
     }

@@ -47,7 +47,8 @@ Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, Wo
       sockmap_(sockmap),
       sockmap_base_(sockmap_base),
       admission_(process),
-      upstream_(worker) {
+      upstream_(worker),
+      loops_(process.loops.table(worker)) {
     starved_.reserve(4096);
     starved_retry_.reserve(4096);
 }
@@ -105,7 +106,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
     if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
 }
 
-bool Connections::accept(int fd, int32_t listener) {
+bool Connections::accept(int fd, int32_t listener, const SocketAddress& peer) {
     uint32_t slot = allocConn();
     if (slot == UINT32_MAX) return false;
     Generation& gen = generations_.current();
@@ -124,11 +125,17 @@ bool Connections::accept(int fd, int32_t listener) {
     c.last_active_ms = now_ms_;
     lr.shared->stats[id_].accepted.add();
     stats_.accepted.add();
-    // The client socket's TCP options came with it from the listener (Acceptor).
-    // The access log names the client when the connection ends, and by then getpeername()
-    // fails: a socket that saw both FINs or an RST is in TCP_CLOSE, which the kernel answers
-    // with ENOTCONN. Ask while it is still connected.
-    if (process_.access_log != nullptr) clientAddress(c);
+    // The client socket's TCP options came with it from the listener (Acceptor), and its
+    // address with the accept. (The access log names the client when the connection ends,
+    // and by then getpeername() would fail: a socket that saw both FINs or an RST is in
+    // TCP_CLOSE, which the kernel answers with ENOTCONN.)
+    if (peer.length != 0) {
+        c.client = peer;
+        c.have_client = true;
+    } else if (process_.access_log != nullptr) {
+        clientAddress(c);
+    }
+    if (process_.loops.suspect(peer) && closedAsLoop(c, slot)) return true;
     if (!admission_.queued() && admission_.admit(c)) {
         serve(c, slot);
     } else {
@@ -358,6 +365,10 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
             admission_.waitForFd(c, slot);
             return;
         case ConnectStep::Connected:
+            // Recorded before the first byte moves, so that our own listener, should the
+            // backend lead back to it, knows the connection it accepts for ours.
+            if (clusterOf(c).backends[c.backend].config.address.family() != AF_UNIX)
+                loops_.remember(process_.loops, slot, c.fd[1], clusterOf(c), c.backend);
             startRelaying(c, slot);
             return;
         case ConnectStep::Close:
@@ -380,6 +391,15 @@ void Connections::retryFdWaiters() {
         }
         connect(c, ud.slot);
     });
+}
+
+bool Connections::closedAsLoop(Conn& c, uint32_t slot) {
+    const bool loop = process_.loops.cameBack(
+        c.client, c.fd[0], [&](const ClusterRt& cluster, int16_t backend) {
+            upstream_.ejectLoop(cluster, static_cast<size_t>(backend), c, now_ms_);
+        });
+    if (loop) closeConn(c, slot, CloseReason::Loop);
+    return loop;
 }
 
 void Connections::startRelaying(Conn& c, uint32_t slot) {
@@ -700,6 +720,7 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         // A listener held at max_connections (by any worker) may take one more now.
         resume_wanted_ = true;
     }
+    if (c.connect_us >= 0) loops_.forget(process_.loops, slot);
     upstream_.release(c);
     bool relaying = c.state == ConnState::Relaying;
     enter(c, ConnState::Closing);

@@ -45,9 +45,9 @@ class Connections {
         const Runtime& rt = generations_.rt();
         return admission_.belowLimits(rt, rt.listeners[listener]);
     }
-    // A client accepted on listener `listener` of the current generation; false when the slot
-    // space is exhausted (the caller closes it).
-    bool accept(int fd, int32_t listener);
+    // A client accepted on listener `listener` of the current generation, from `peer`; false
+    // when the slot space is exhausted (the caller closes it).
+    bool accept(int fd, int32_t listener, const SocketAddress& peer);
     // A completion of an SQE issued for a connection.
     void onCompletion(UserData ud, const io_uring_cqe* cqe);
     // Idle timeouts, the PROXY header timeout, the drain deadline (`drain_deadline`: close
@@ -91,6 +91,9 @@ class Connections {
     void connect(Conn& c, uint32_t slot);
     void onConnectStep(Conn& c, uint32_t slot, ConnectStep step);
     void retryFdWaiters();
+    // The client came from one of the relay's own upstream sockets (loop_guard.hpp): its
+    // backend is taken down; true when c was closed for it.
+    bool closedAsLoop(Conn& c, uint32_t slot);
     // Connected: the PROXY header out, then a pump per direction.
     void startRelaying(Conn& c, uint32_t slot);
     // The paths the listener's mode asks for, once the sockmap had its say (`sockmap_ok`
@@ -135,6 +138,7 @@ class Connections {
     const uint32_t sockmap_base_;
     Admission admission_;
     UpstreamSide upstream_;
+    LoopGuard::Table& loops_;  // this worker's upstream sockets (loop_guard.hpp)
     ProxyReader proxy_reader_;
     HelloReader hello_reader_;
     std::vector<std::unique_ptr<Conn[]>> chunks_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "http_stats.hpp"
+#include "loop_guard.hpp"
 #include "signals.hpp"
 
 namespace zcrelay {
@@ -28,6 +29,8 @@ struct ProcessShared {
     AdminStats* admin = nullptr;  // the runtime API's counts (set at start)
     // Discovery, from the start or the first reload that needs it; lives as long as the Server.
     std::atomic<const Discovery*> discovery{nullptr};
+    // Every worker's upstream sockets, for the accepts that come back from one of them.
+    LoopGuard loops;
 };
 
 }  // namespace zcrelay

@@ -22,6 +22,7 @@ namespace zcrelay {
     X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */ \
     X(MaxDuration, "max_duration")     /* ended at max_connection_duration */           \
     X(AdminShutdown, "admin_shutdown") /* the runtime API ended its backend's connections */ \
+    X(Loop, "loop")                    /* accepted from one of our own upstream sockets */ \
     X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
     X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
 

@@ -225,6 +225,20 @@ int UpstreamSide::sendProxyHeader(Conn& c) {
     return sent < 0 ? errno : EAGAIN;
 }
 
+void UpstreamSide::ejectLoop(const ClusterRt& cluster, size_t b, Conn& looped, int64_t now_ms) {
+    const BackendRt& be = cluster.backends[b];
+    if (!be.state->markUp(false)) return;
+    be.state->check_passes.store(0, std::memory_order_relaxed);
+    be.state->ejected_until_ms.store(now_ms + cluster.config.fail_timeout.count(),
+                                     std::memory_order_relaxed);
+    LOG_WARN(
+        "cluster %s: backend %s down: it leads back to this relay (listener %s accepted %s, "
+        "the relay's own connection to it: a loop)%s",
+        cluster.config.name.c_str(), be.key.c_str(), listenerConfig(looped).name.c_str(),
+        clientAddress(looped).toString().c_str(),
+        cluster.config.health_check.enabled ? "; health checks bring it back" : "");
+}
+
 void UpstreamSide::release(Conn& c) {
     if (c.connect_us >= 0)
         clusterOf(c).backends[c.backend].state->active.fetch_sub(1, std::memory_order_relaxed);

@@ -50,6 +50,11 @@ class UpstreamSide {
     int sendProxyHeader(Conn& c);
     // The connection ends: its backend has one connection less (least_conn).
     void release(Conn& c);
+    // Backend `b` of `cluster` leads back to this relay: the connection `looped` (accepted from
+    // one of our upstream sockets, any worker's) is the proof. The backend goes down, even a
+    // cluster's only one (a loop serves nobody), until its health checks bring it back or,
+    // without checks, for fail_timeout; logged once per time it goes down.
+    void ejectLoop(const ClusterRt& cluster, size_t b, Conn& looped, int64_t now_ms);
 
   private:
     // A backend for the next attempt, -1 if none is up (and untried).

@@ -181,7 +181,7 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             conns_->onSockmapScan();
             return;
         case Op::Accept:
-            onAccept(ud.slot, cqe->res);
+            onAccept(ud.slot, ud.aux, cqe->res);
             return;
         case Op::Check:
         case Op::CheckTimer:
@@ -208,8 +208,8 @@ void Worker::armAccepts() {
     for (uint32_t i = 0; i < acceptor_->count(); ++i) armAccept(i);
 }
 
-void Worker::onAccept(uint32_t li, int res) {
-    Acceptor::Accepted a = acceptor_->onAccept(li, res, now_ms_);
+void Worker::onAccept(uint32_t li, uint8_t aux, int res) {
+    Acceptor::Accepted a = acceptor_->onAccept(li, aux, res, now_ms_);
     if (a.out_of_fds) {
         pauseAccepting();
         return;
@@ -218,7 +218,7 @@ void Worker::onAccept(uint32_t li, int res) {
         if (draining_) {
             rt().listeners[a.listener].shared->stats[id_].rejected_draining.add();
             ::close(a.fd);
-        } else if (!conns_->accept(a.fd, a.listener)) {
+        } else if (!conns_->accept(a.fd, a.listener, a.peer)) {
             ::close(a.fd);  // no slot left
         }
         // This worker's share of the fd budget is spent: stop accepting (backpressure: clients

@@ -83,7 +83,7 @@ class Worker {
     // Accepting.
     void armAccept(uint32_t li);
     void armAccepts();
-    void onAccept(uint32_t li, int res);
+    void onAccept(uint32_t li, uint8_t aux, int res);
     void pauseAccepting();
     void resumeAccepting();
     // Commands, reload, the tick.
