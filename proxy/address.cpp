@@ -1,6 +1,7 @@
 #include "address.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/un.h>
 
@@ -161,6 +162,107 @@ SocketAddress addressFromSockaddr(const sockaddr* sa, socklen_t len) {
     address.length = std::min<socklen_t>(len, sizeof(address.storage));
     std::memcpy(&address.storage, sa, address.length);
     return address;
+}
+
+namespace {
+
+// An IPv4 address or a v4-mapped IPv6 one, as its IPv4 number (host order); nullopt otherwise.
+std::optional<uint32_t> ipv4Of(const SocketAddress& a) {
+    if (a.family() == AF_INET) return ntohl(v4(a).sin_addr.s_addr);
+    if (a.family() == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&v6(a).sin6_addr)) {
+        uint32_t n;
+        std::memcpy(&n, &v6(a).sin6_addr.s6_addr[12], sizeof n);
+        return ntohl(n);
+    }
+    return std::nullopt;
+}
+
+const in6_addr* ipv6Of(const SocketAddress& a) {
+    if (a.family() != AF_INET6 || IN6_IS_ADDR_V4MAPPED(&v6(a).sin6_addr)) return nullptr;
+    return &v6(a).sin6_addr;
+}
+
+bool sameHost(const SocketAddress& a, const SocketAddress& b) {
+    const auto a4 = ipv4Of(a), b4 = ipv4Of(b);
+    if (a4 || b4) return a4 && b4 && *a4 == *b4;
+    const in6_addr *a6 = ipv6Of(a), *b6 = ipv6Of(b);
+    return a6 && b6 && std::memcmp(a6, b6, sizeof *a6) == 0;
+}
+
+}  // namespace
+
+std::string_view whyRefused(BackendRefusal r) {
+    switch (r) {
+        case BackendRefusal::Unspecified:
+            return "a connect to it reaches the local host";
+        case BackendRefusal::Broadcast:
+            return "the broadcast address: no TCP service answers there";
+        case BackendRefusal::Multicast:
+            return "a multicast address: no TCP service answers there";
+        case BackendRefusal::PortZero:
+            return "port 0 is no service";
+        case BackendRefusal::Self:
+        case BackendRefusal::kCount:
+            break;
+    }
+    return "the relay's own address: a loop";
+}
+
+std::optional<BackendRefusal> refusalOf(const SocketAddress& a) {
+    if (const auto ip = ipv4Of(a)) {
+        if (*ip == 0) return BackendRefusal::Unspecified;
+        if (*ip == 0xffffffffu) return BackendRefusal::Broadcast;
+        if ((*ip >> 28) == 0xe) return BackendRefusal::Multicast;
+    } else if (const in6_addr* ip6 = ipv6Of(a)) {
+        if (IN6_IS_ADDR_UNSPECIFIED(ip6)) return BackendRefusal::Unspecified;
+        if (IN6_IS_ADDR_MULTICAST(ip6)) return BackendRefusal::Multicast;
+    } else {
+        return std::nullopt;  // unix
+    }
+    if (a.port() == 0) return BackendRefusal::PortZero;
+    return std::nullopt;
+}
+
+bool reaches(const SocketAddress& target, const SocketAddress& listen,
+             std::span<const SocketAddress> local) {
+    if (target.family() == AF_UNIX || listen.family() == AF_UNIX)
+        return target.family() == listen.family() && target == listen;
+    if (listen.port() == 0 || target.port() != listen.port()) return false;
+    if (sameHost(target, listen)) return true;
+    // A wildcard listener takes whatever arrives for a local address of its family.
+    const auto listen4 = ipv4Of(listen);
+    const in6_addr* listen6 = ipv6Of(listen);
+    const bool wildcard4 = listen4 && *listen4 == 0;
+    const bool wildcard6 = listen6 && IN6_IS_ADDR_UNSPECIFIED(listen6);
+    if (!wildcard4 && !wildcard6) return false;
+    const auto target4 = ipv4Of(target);
+    const in6_addr* target6 = ipv6Of(target);
+    if (wildcard4 && !target4) return false;
+    if (wildcard6 && !target6) return false;
+    // 127/8 is local as a whole (the kernel's loopback route), not only 127.0.0.1.
+    if (target4 && (*target4 >> 24) == 127) return true;
+    if (target6 && IN6_IS_ADDR_LOOPBACK(target6)) return true;
+    return std::any_of(local.begin(), local.end(),
+                       [&](const SocketAddress& l) { return sameHost(target, l); });
+}
+
+std::vector<SocketAddress> localAddresses() {
+    std::vector<SocketAddress> out;
+    ifaddrs* list = nullptr;
+    if (getifaddrs(&list) != 0) return out;
+    for (const ifaddrs* i = list; i; i = i->ifa_next) {
+        if (!i->ifa_addr) continue;
+        const int family = i->ifa_addr->sa_family;
+        if (family == AF_INET)
+            out.push_back(addressFromSockaddr(i->ifa_addr, sizeof(sockaddr_in)));
+        else if (family == AF_INET6)
+            out.push_back(addressFromSockaddr(i->ifa_addr, sizeof(sockaddr_in6)));
+        else
+            continue;
+        out.back().setPort(0);
+    }
+    freeifaddrs(list);
+    return out;
 }
 
 }  // namespace zcrelay

@@ -1246,6 +1246,71 @@ void parseListeners(std::string_view source, const YAML::Node& list, Config& con
     }
 }
 
+// The addresses this config makes the relay listen on, by the key that sets each. Port 0 is
+// left out: the kernel picks the port at bind, so no backend can name it here (discovery
+// checks the bound ports: Server::ownEndpoints()).
+std::vector<std::pair<std::string, SocketAddress>> ownAddresses(const Config& config) {
+    std::vector<std::pair<std::string, SocketAddress>> own;
+    const auto add = [&](std::string key, const SocketAddress& a) {
+        if (a.length != 0 && (a.family() == AF_UNIX || a.port() != 0))
+            own.emplace_back(std::move(key), a);
+    };
+    for (size_t i = 0; i < config.listeners.size(); ++i)
+        add("listeners[" + std::to_string(i) + "].listen", config.listeners[i].listen);
+    if (config.metrics.enabled) {
+        add("metrics.listen", config.metrics.listen);
+        add("metrics.health_listen", config.metrics.health_listen);
+    }
+    if (config.admin.enabled()) add("admin.listen", config.admin.listen);
+    return own;
+}
+
+// A backend that connects to no service (0.0.0.0 and :: reach the local host, broadcast,
+// multicast, port 0) or to the relay itself: a connection to itself is relayed to itself
+// again, per client, until the fds run out. Discovery refuses the same in DNS answers.
+void checkBackendTarget(const Where& at, const SocketAddress& a,
+                        const std::vector<std::pair<std::string, SocketAddress>>& own,
+                        std::optional<std::vector<SocketAddress>>& local) {
+    if (const auto refusal = refusalOf(a))
+        fail(at, a.toString() + " is refused as a backend (" + std::string(label(*refusal)) + ": " +
+                     std::string(whyRefused(*refusal)) + ")");
+    for (const auto& [key, listen] : own) {
+        const bool wildcard = refusalOf(listen) == BackendRefusal::Unspecified;
+        if (wildcard && !local) local = localAddresses();
+        if (reaches(a, listen,
+                    wildcard ? std::span<const SocketAddress>(*local)
+                             : std::span<const SocketAddress>{}))
+            fail(at, a.toString() + " is the relay's own " + key + ": a loop");
+    }
+}
+
+void checkBackendTargets(std::string_view source, const std::map<std::string, YAML::Node>& nested,
+                         const Config& config) {
+    const auto own = ownAddresses(config);
+    std::optional<std::vector<SocketAddress>> local;  // getifaddrs once, when a wildcard needs it
+    if (const auto clusters = nested.find("clusters"); clusters != nested.end()) {
+        const auto items = sequenceOfMaps(source, clusters->second, "clusters", "cluster");
+        for (size_t i = 0; i < items.size() && i < config.clusters.size(); ++i) {
+            const YAML::Node backends = items[i]["backends"];
+            if (!backends.IsDefined() || config.clusters[i].discovery.enabled()) continue;
+            const std::string path = "clusters[" + std::to_string(i) + "].backends";
+            const auto nodes = sequenceOfMaps(source, backends, path, "backend");
+            for (size_t b = 0; b < nodes.size() && b < config.clusters[i].backends.size(); ++b) {
+                const std::string key = path + "[" + std::to_string(b) + "].address";
+                checkBackendTarget(whereOfKey(source, nodes[b], "address", key),
+                                   config.clusters[i].backends[b].address, own, local);
+            }
+        }
+    }
+    const auto items = sequenceOfMaps(source, nested.at("listeners"), "listeners", "listener");
+    for (size_t i = 0; i < items.size() && i < config.listeners.size(); ++i) {
+        const SocketAddress& upstream = config.listeners[i].upstream;
+        if (upstream.length == 0) continue;
+        const std::string key = "listeners[" + std::to_string(i) + "].upstream";
+        checkBackendTarget(whereOfKey(source, items[i], "upstream", key), upstream, own, local);
+    }
+}
+
 // Line `index` (0-based) of `text`, or "" past the end.
 std::string_view lineOf(std::string_view text, int index) {
     size_t start = 0;
@@ -1432,6 +1497,7 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
     const auto listeners = nested.find("listeners");
     if (listeners == nested.end()) fail(whereOf(source, root, "listeners"), "missing required key");
     parseListeners(source, listeners->second, config);
+    checkBackendTargets(source, nested, config);
     return config;
 }
 

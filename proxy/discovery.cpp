@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <span>
+#include <utility>
 
 #include "clock.hpp"
 #include "log.hpp"
@@ -178,6 +180,7 @@ struct Discovery::Entry {
     bool expired = false;
     int64_t failing_since_ms = 0;
     bool warned_cap = false;
+    std::string refused_note;  // what the last answer had refused, as logged
     // An SRV round: what its targets' lookups found so far.
     size_t targets_left = 0;
     std::vector<BackendConfig> gathered;
@@ -204,7 +207,7 @@ Duration Discovery::firstAnswerBound(const ResolversConfig& r) {
 Discovery::Discovery(std::function<void()> changed) : changed_(std::move(changed)) {}
 
 tl::expected<std::unique_ptr<Discovery>, std::string> Discovery::start(
-    const Config& config, std::function<void()> changed) {
+    const Config& config, OwnEndpoints own, std::function<void()> changed) {
     static const int library = ares_library_init(ARES_LIB_INIT_ALL);
     if (library != ARES_SUCCESS)
         return tl::unexpected(std::string("c-ares: ") + ares_strerror(library));
@@ -219,7 +222,7 @@ tl::expected<std::unique_ptr<Discovery>, std::string> Discovery::start(
     d->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (d->wake_fd_ < 0) return tl::unexpected(std::string("eventfd: ") + std::strerror(errno));
     d->channel_ = std::move(*channel);
-    d->reconfigure(config);
+    d->reconfigure(config, std::move(own));
     d->thread_ = std::thread([p = d.get()] { p->run(); });
     return d;
 }
@@ -237,9 +240,13 @@ Discovery::~Discovery() {
     if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-void Discovery::reconfigure(const Config& config) {
+void Discovery::reconfigure(const Config& config, OwnEndpoints own) {
     {
         std::lock_guard lock(mutex_);
+        if (own != own_) {
+            own_ = std::move(own);
+            ++own_version_;
+        }
         std::map<std::string, DiscoveryView> next;
         for (const ClusterConfig& c : config.clusters) {
             if (!c.discovery.enabled()) continue;
@@ -255,10 +262,117 @@ void Discovery::reconfigure(const Config& config) {
         }
         if (next.size() != views_.size()) ++version_;
         views_ = std::move(next);
+        // A listener the reload adds may be what a kept set names: out before the reload's
+        // generation is built from sets().
+        dropOwnLocked();
         pending_ = std::make_unique<Config>(config);
     }
     const uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof one);
+}
+
+void Discovery::setOwnEndpoints(OwnEndpoints own) {
+    bool dropped = false;
+    {
+        std::lock_guard lock(mutex_);
+        if (own == own_) return;
+        own_ = std::move(own);
+        ++own_version_;
+        dropped = dropOwnLocked();
+        reask_ = true;
+    }
+    const uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof one);
+    if (dropped && changed_) changed_();
+}
+
+namespace {
+
+// What refuses `a` as a backend given where the relay listens; `which` gets the own endpoint
+// it is, for `self`.
+std::optional<BackendRefusal> judge(const SocketAddress& a, const OwnEndpoints& own,
+                                    std::span<const SocketAddress> local, std::string& which) {
+    if (const auto r = refusalOf(a)) return r;
+    for (const OwnEndpoint& o : own) {
+        if (reaches(a, o.address, local)) {
+            which = o.what;
+            return BackendRefusal::Self;
+        }
+    }
+    return std::nullopt;
+}
+
+// The host's addresses, when an own endpoint is a wildcard and so listens on all of them.
+std::vector<SocketAddress> localIfWildcard(const OwnEndpoints& own) {
+    const bool wildcard = std::any_of(own.begin(), own.end(), [](const OwnEndpoint& o) {
+        return refusalOf(o.address) == BackendRefusal::Unspecified;
+    });
+    return wildcard ? localAddresses() : std::vector<SocketAddress>{};
+}
+
+}  // namespace
+
+bool Discovery::dropOwnLocked() {
+    if (own_.empty()) return false;
+    const std::vector<SocketAddress> local = localIfWildcard(own_);
+    bool dropped = false;
+    for (auto& [name, v] : views_) {
+        std::erase_if(v.backends, [&](const BackendConfig& b) {
+            std::string which;
+            if (judge(b.address, own_, local, which) != BackendRefusal::Self) return false;
+            LOG_WARN("cluster %s: %s is now the relay's own %s: left out (a loop)", name.c_str(),
+                     b.address.toString().c_str(), which.c_str());
+            dropped = true;
+            return true;
+        });
+    }
+    if (dropped) ++version_;
+    return dropped;
+}
+
+void Discovery::refuse(Entry& e, std::vector<BackendConfig>& found) {
+    OwnEndpoints own;
+    {
+        std::lock_guard lock(mutex_);
+        own = own_;
+    }
+    const std::vector<SocketAddress> local = localIfWildcard(own);
+    std::array<uint64_t, static_cast<size_t>(BackendRefusal::kCount)> counts{};
+    std::string note;
+    size_t shown = 0;
+    std::erase_if(found, [&](const BackendConfig& b) {
+        std::string which;
+        const auto r = judge(b.address, own, local, which);
+        if (!r) return false;
+        counts[static_cast<size_t>(*r)]++;
+        if (shown++ < 8) {
+            note += (note.empty() ? " " : ", ") + b.address.toString() + " (" +
+                    std::string(label(*r)) + ": " +
+                    (*r == BackendRefusal::Self ? "the relay's own " + which + ": a loop"
+                                                : std::string(whyRefused(*r))) +
+                    ")";
+        }
+        return true;
+    });
+    if (shown > 8) note += " (and " + std::to_string(shown - 8) + " more)";
+    {
+        std::lock_guard lock(mutex_);
+        if (auto v = views_.find(e.cluster); v != views_.end()) {
+            for (size_t r = 0; r < counts.size(); ++r) v->second.refused[r] += counts[r];
+            v->second.refused_now = counts;
+        }
+    }
+    // Once per change of what is refused: a refresh every second must not log every second.
+    if (note == e.refused_note) return;
+    if (note.empty()) {
+        LOG_INFO("cluster %s: %s (%s) names no refused address any more", e.cluster.c_str(),
+                 e.spec.name().c_str(), kindOf(e.spec));
+    } else {
+        LOG_WARN("cluster %s: refused as backends, from %s (%s):%s%s", e.cluster.c_str(),
+                 e.spec.name().c_str(), kindOf(e.spec), note.c_str(),
+                 found.empty() ? "; nothing else is left: the answer counts as no_records" : "");
+    }
+    e.refused_note = std::move(note);
 }
 
 std::string Discovery::awaitFirstAnswers(Duration bound) {
@@ -331,12 +445,16 @@ void Discovery::run() {
     setLogThreadName("dns");
     for (;;) {
         std::unique_ptr<Config> pending;
+        bool reask = false;
         {
             std::lock_guard lock(mutex_);
             if (stop_) return;
             pending = std::move(pending_);
+            reask = std::exchange(reask_, false);
         }
         if (pending) apply(*pending);
+        if (reask)
+            for (auto& e : entries_) e->next_ms = 0;
         const int64_t now = monotonicMs();
         for (auto& e : entries_)
             if (!e->in_flight && now >= e->next_ms) ask(*e);
@@ -532,6 +650,7 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
     const int64_t now = monotonicMs();
     if (outcome == DiscoveryOutcome::Success && found.empty()) outcome = DiscoveryOutcome::NoData;
     std::vector<BackendConfig> set;
+    uint64_t judged_own = 0;
     if (outcome == DiscoveryOutcome::Success) {
         std::sort(found.begin(), found.end(), byAddress);
         // One address may come from two SRV records (two ports are two backends; the same
@@ -541,6 +660,15 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
                                     return a.address == b.address;
                                 }),
                     found.end());
+        {
+            std::lock_guard lock(mutex_);
+            judged_own = own_version_;
+        }
+        refuse(e, found);
+        // Nothing usable is a failure like an empty answer: the last good set serves on.
+        if (found.empty()) outcome = DiscoveryOutcome::NoData;
+    }
+    if (outcome == DiscoveryOutcome::Success) {
         if (found.size() > e.spec.max_backends) {
             if (!e.warned_cap)
                 LOG_WARN("cluster %s: %s has %zu addresses; max_backends keeps the lowest %u",
@@ -588,6 +716,8 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
         publish_set = outcome == DiscoveryOutcome::Success && set != e.good;
         // The new set is in the view before a waiter (awaitFirstAnswers) can look.
         if (publish_set) record(e, std::move(set), "");
+        // Where the relay listens changed while this answer was judged.
+        if (publish_set && judged_own != own_version_) dropOwnLocked();
     }
     answered_cv_.notify_all();
     if (publish_set && changed_) changed_();

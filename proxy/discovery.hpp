@@ -12,7 +12,18 @@
 //                    `hold` after the last good answer, after_hold: empty drops the set
 //
 // A failure is anything but a non-empty answer: timeout, SERVFAIL, REFUSED, NXDOMAIN, a name
-// without records of the asked family. When a cluster's set changes, the thread publishes it
+// without records of the asked family.
+//
+// Not every address an answer names is used. Refused, per address (address.hpp, the `reason`
+// of zcrelay_discovery_refused_total): 0.0.0.0 and :: (Linux connects those to the local
+// host), 255.255.255.255, multicast, port 0, and `self`: an address:port the relay itself
+// listens on (OwnEndpoints: its listeners, the metrics and health addresses, the runtime API;
+// on a wildcard one, every local address at that port). A relay that connects to itself relays
+// that connection to itself again, once per client connection, until its fds run out; health
+// checks only connect, so they pass. It happens when a Service selects the relay's own pods.
+// The rest of the answer is used; an answer with nothing left is `no_records`, a failure like
+// an empty one: the last good set serves on for `hold`. What is refused is logged when it
+// changes, not on every refresh. When a cluster's set changes, the thread publishes it
 // (the caller's callback builds a new Runtime generation; runtime.hpp): backends that stay keep
 // their state, new connections see the new set, live ones finish on the backend they have.
 //
@@ -31,6 +42,7 @@
 #include <tl/expected.hpp>
 #include <vector>
 
+#include "address.hpp"
 #include "config.hpp"
 
 namespace zcrelay {
@@ -60,6 +72,16 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(DiscoveryOutco
 #undef ZCRELAY_DISCOVERY_ITEM
 #undef ZCRELAY_DISCOVERY_LABEL
 
+// Where the relay itself listens, each with what sets it ("listeners[0].listen",
+// "metrics.listen"): a DNS answer naming one of these is refused (`self`). Bound addresses: a
+// port 0 is what the kernel picked.
+struct OwnEndpoint {
+    std::string what;
+    SocketAddress address;
+    bool operator==(const OwnEndpoint&) const = default;
+};
+using OwnEndpoints = std::vector<OwnEndpoint>;
+
 // The backends each discovered cluster has now, by cluster name (Runtime::build takes them).
 using DiscoveredSets = std::map<std::string, std::vector<BackendConfig>>;
 
@@ -71,6 +93,10 @@ struct DiscoveryView {
     std::array<uint64_t, static_cast<size_t>(DiscoveryOutcome::kCount)> results{};
     int64_t last_success_unix_ms = 0;  // 0: never
     uint64_t changes = 0;              // times the set changed
+    // Addresses answers named that were refused, by reason: summed over answers, and in the
+    // last answer.
+    std::array<uint64_t, static_cast<size_t>(BackendRefusal::kCount)> refused{};
+    std::array<uint64_t, static_cast<size_t>(BackendRefusal::kCount)> refused_now{};
     DiscoveryOutcome last = DiscoveryOutcome::Success;
     // "resolving" (no answer yet), "ok", "holding" (failing, last good set in use), "expired"
     // (failing past hold: empty, or kept with after_hold: keep).
@@ -79,10 +105,11 @@ struct DiscoveryView {
 
 class Discovery {
   public:
-    // Starts the thread and asks every discovered cluster of `config` at once. `changed` runs on
-    // the discovery thread after a cluster's set changed (never with a lock held here).
+    // Starts the thread and asks every discovered cluster of `config` at once; answers are
+    // judged against `own` from the first. `changed` runs on the discovery thread after a
+    // cluster's set changed (never with a lock held here).
     static tl::expected<std::unique_ptr<Discovery>, std::string> start(
-        const Config& config, std::function<void()> changed);
+        const Config& config, OwnEndpoints own, std::function<void()> changed);
     ~Discovery();
     Discovery(const Discovery&) = delete;
     Discovery& operator=(const Discovery&) = delete;
@@ -93,8 +120,13 @@ class Discovery {
     std::string awaitFirstAnswers(Duration bound);
     // A reload: clusters whose name and settings are unchanged keep their set; new or changed
     // ones start over (asked at once); the channel is rebuilt from `config.resolvers` (and
-    // resolv.conf read again).
-    void reconfigure(const Config& config);
+    // resolv.conf read again). `own`: where the relay listens under `config`; a set backend
+    // that is one of them now leaves the sets at once (sets() no longer has it).
+    void reconfigure(const Config& config, OwnEndpoints own);
+    // Where the relay listens changed without a reload (an endpoint bound at port 0 after
+    // start): as in reconfigure(), and, when it changed, every name is asked again at once.
+    // Any thread.
+    void setOwnEndpoints(OwnEndpoints own);
     // The current sets; and a counter that moves with every change of them.
     DiscoveredSets sets() const;
     uint64_t version() const;
@@ -121,9 +153,17 @@ class Discovery {
     void publish(Entry& e, std::vector<BackendConfig> set, const char* why);
     void record(Entry& e, std::vector<BackendConfig> set, const char* why);
     int64_t nextWakeMs() const;
+    // Takes the addresses `own_` refuses out of every view's set. mutex_ held. True if any left.
+    bool dropOwnLocked();
+    // Removes the refused addresses from `found`, counts them in the view, logs them when they
+    // differ from the last answer's.
+    void refuse(Entry& e, std::vector<BackendConfig>& found);
 
     std::function<void()> changed_;
-    mutable std::mutex mutex_;  // guards views_, version_, pending_
+    mutable std::mutex mutex_;  // guards views_, version_, pending_, own_, reask_
+    OwnEndpoints own_;
+    uint64_t own_version_ = 0;  // moves with own_
+    bool reask_ = false;        // setOwnEndpoints() -> the thread: ask every name again
     std::condition_variable answered_cv_;
     std::map<std::string, DiscoveryView> views_;
     uint64_t version_ = 0;

@@ -407,7 +407,7 @@ class Collector : public prometheus::Collectable {
             // Rejected: closed before any byte was relayed, for a reason of the relay's own.
             for (CloseReason r :
                  {CloseReason::NoBackend, CloseReason::ProxyProtocol, CloseReason::SourceLimit,
-                  CloseReason::NoRoute}) {
+                  CloseReason::NoRoute, CloseReason::Loop}) {
                 rejected.add({{"listener", name}, {"reason", std::string(label(r))}},
                              sum([r](const ListenerStats& s) { return s.closed[idx(r)].get(); }));
             }
@@ -536,6 +536,15 @@ class Collector : public prometheus::Collectable {
                        "1 while the cluster's name fails to resolve (its last good set serving "
                        "for hold, or none).",
                        MetricType::Gauge);
+        Family refused("zcrelay_discovery_refused_total",
+                       "Addresses DNS answers named that were refused as backends, by reason "
+                       "(unspecified, broadcast, multicast, port_zero, self: the relay's own), "
+                       "counted per answer.",
+                       MetricType::Counter);
+        Family refused_now("zcrelay_discovery_refused_addresses",
+                           "Addresses the cluster's last answer named that were refused as "
+                           "backends, by reason.",
+                           MetricType::Gauge);
         const auto views = discovery->views();
         for (const ClusterRt& c : rt.clusters) {
             const auto v = views.find(c.config.name);
@@ -550,8 +559,15 @@ class Collector : public prometheus::Collectable {
             found.add(labels, static_cast<double>(view.backends.size()));
             changes.add(labels, static_cast<double>(view.changes));
             failing.add(labels, view.state == "holding" || view.state == "expired" ? 1 : 0);
+            for (size_t r = 0; r < kBackendRefusalLabels.size(); ++r) {
+                const std::vector<ClientMetric::Label> by_reason{
+                    {"cluster", c.config.name}, {"reason", std::string(kBackendRefusalLabels[r])}};
+                refused.add(by_reason, static_cast<double>(view.refused[r]));
+                refused_now.add(by_reason, static_cast<double>(view.refused_now[r]));
+            }
         }
-        for (Family* f : {&results, &last, &found, &changes, &failing}) out.push_back(f->take());
+        for (Family* f : {&results, &last, &found, &changes, &failing, &refused, &refused_now})
+            out.push_back(f->take());
     }
 
     void collectAdmin(std::vector<MetricFamily>& out) const {

@@ -151,7 +151,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     const unsigned workers = cfg.workers;
     Server* const self = server.get();
     // Started as the user (after the drop above): it only reads resolv.conf and talks DNS.
-    auto discovered = server->followDiscovery(cfg);
+    auto discovered = server->followDiscovery(cfg, server->bound_);
     if (!discovered) return tl::unexpected(discovered.error());
     if (!discovered->unresolved.empty()) return tl::unexpected(discovered->unresolved);
     server->current_ = Runtime::build(std::move(config), nullptr, workers, discovered->sets);
@@ -205,6 +205,9 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         }
         server->admin_ = std::move(*admin);
     }
+    // The metrics, health and admin ports that were 0 in the config are known now.
+    if (server->discovery_)
+        server->discovery_->setOwnEndpoints(server->ownEndpoints(running, server->bound_));
     // A set that changed between the first answers and now is published from here on.
     server->started_.store(true);
     server->republish();
@@ -291,7 +294,7 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     // New or changed names are asked at once; the reload waits for their first answers
     // (bounded), so its generation starts with their backends. One that fails starts empty and
     // keeps being asked: startup: fail applies at start only.
-    auto discovered = followDiscovery(config);
+    auto discovered = followDiscovery(config, bound);
     if (!discovered) return tl::unexpected(discovered.error());
     if (!discovered->unresolved.empty()) LOG_WARN("reload: %s", discovered->unresolved.c_str());
     auto next = Runtime::build(std::move(config), current_.get(), old.workers, discovered->sets);
@@ -300,16 +303,38 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     return {};
 }
 
-tl::expected<Server::Followed, std::string> Server::followDiscovery(const Config& config) {
+OwnEndpoints Server::ownEndpoints(const Config& config,
+                                  const std::vector<SocketAddress>& bound) const {
+    OwnEndpoints own;
+    for (size_t i = 0; i < bound.size() && i < config.listeners.size(); ++i)
+        own.push_back({"listeners[" + std::to_string(i) + "].listen", bound[i]});
+    if (config.metrics.enabled) {
+        SocketAddress metrics = config.metrics.listen;
+        if (metrics_) metrics.setPort(metrics_->port());
+        own.push_back({"metrics.listen", metrics});
+        if (config.metrics.health_listen.length != 0) {
+            SocketAddress health = config.metrics.health_listen;
+            if (metrics_) health.setPort(metrics_->healthPort());
+            own.push_back({"metrics.health_listen", health});
+        }
+    }
+    if (config.admin.enabled())
+        own.push_back({"admin.listen", admin_ ? admin_->address() : config.admin.listen});
+    return own;
+}
+
+tl::expected<Server::Followed, std::string> Server::followDiscovery(
+    const Config& config, const std::vector<SocketAddress>& bound) {
     const bool discovers = std::any_of(config.clusters.begin(), config.clusters.end(),
                                        [](const ClusterConfig& c) { return c.discovery.enabled(); });
     if (discovers && !discovery_) {
-        auto started = Discovery::start(config, [this] { republish(); });
+        auto started =
+            Discovery::start(config, ownEndpoints(config, bound), [this] { republish(); });
         if (!started) return tl::unexpected("discovery: " + started.error());
         discovery_ = std::move(*started);
         process_.discovery.store(discovery_.get());
     } else if (discovery_) {
-        discovery_->reconfigure(config);
+        discovery_->reconfigure(config, ownEndpoints(config, bound));
     }
     if (!discovers) return Followed{};
     Followed followed;

@@ -14,7 +14,11 @@
 //   discovery (discovery.hpp): with a discovered cluster, its first answers are awaited
 //          before the workers start (startup: fail stops here). A later change of a set, or
 //          of a weight through the runtime API, builds the next generation like a reload
-//          with the same config: one publish at a time (publish_mutex_).
+//          with the same config: one publish at a time (publish_mutex_). Discovery is told
+//          where the relay listens (ownEndpoints) before it judges an answer, so that a name
+//          resolving to the relay itself is refused: the listeners as bound, and the metrics,
+//          health and admin addresses as configured, again with their ports once bound (port 0),
+//          and on every reload.
 #include <memory>
 #include <mutex>
 #include <string>
@@ -84,7 +88,11 @@ class Server {
     // Start or reload: discovery started (the first config that has a discovered cluster) or
     // told of `config`, and every name's first answer awaited (bounded). An error is discovery
     // failing to start at all.
-    tl::expected<Followed, std::string> followDiscovery(const Config& config);
+    tl::expected<Followed, std::string> followDiscovery(const Config& config,
+                                                        const std::vector<SocketAddress>& bound);
+    // Where the relay listens with `config` and its listeners at `bound`: the metrics, health
+    // and admin addresses as their endpoints bound them, as configured before they run.
+    OwnEndpoints ownEndpoints(const Config& config, const std::vector<SocketAddress>& bound) const;
     void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
     // A discovered set changed (or, `force`, a weight): the next generation, from the running
     // config. Any thread; when another publish holds the mutex, that one builds again as it

@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 
+#include <algorithm>
+#include <optional>
+#include <vector>
+
 namespace zcrelay {
 
 // gtest shows failures as text, not as 128 bytes of sockaddr_storage.
@@ -114,6 +118,82 @@ TEST(AddressFromSockaddr, CopiesIPv4AndIPv6) {
     const SocketAddress b = addressFromSockaddr(reinterpret_cast<sockaddr*>(&sin6), sizeof(sin6));
     EXPECT_EQ(b.length, sizeof(sin6));
     EXPECT_EQ(b.toString(), "[::1]:443");
+}
+
+std::optional<BackendRefusal> refusal(std::string_view text) { return refusalOf(parsed(text)); }
+
+TEST(RefusalOf, RefusesAddressesThatReachNoServiceOrTheLocalHost) {
+    EXPECT_EQ(refusal("0.0.0.0:80"), BackendRefusal::Unspecified);
+    EXPECT_EQ(refusal("[::]:80"), BackendRefusal::Unspecified);
+    EXPECT_EQ(refusal("[::ffff:0.0.0.0]:80"), BackendRefusal::Unspecified);
+    EXPECT_EQ(refusal("255.255.255.255:80"), BackendRefusal::Broadcast);
+    EXPECT_EQ(refusal("[::ffff:255.255.255.255]:80"), BackendRefusal::Broadcast);
+    EXPECT_EQ(refusal("224.0.0.1:80"), BackendRefusal::Multicast);
+    EXPECT_EQ(refusal("239.255.255.255:80"), BackendRefusal::Multicast);
+    EXPECT_EQ(refusal("[ff02::1]:80"), BackendRefusal::Multicast);
+    EXPECT_EQ(refusal("[::ffff:224.0.0.1]:80"), BackendRefusal::Multicast);
+    EXPECT_EQ(refusal("127.0.0.1:0"), BackendRefusal::PortZero);
+    EXPECT_EQ(refusal("[::1]:0"), BackendRefusal::PortZero);
+    // The address says more than the port: 0.0.0.0:0 is unspecified.
+    EXPECT_EQ(refusal("0.0.0.0:0"), BackendRefusal::Unspecified);
+}
+
+TEST(RefusalOf, LeavesOrdinaryAddressesAlone) {
+    for (const char* ok : {"127.0.0.1:80", "10.0.0.1:1", "223.255.255.255:80", "240.0.0.1:80",
+                           "255.255.255.254:80", "[::1]:80", "[fe80::1]:80", "[2001:db8::1]:443",
+                           "[::ffff:10.0.0.1]:80", "0.0.0.1:80", "unix:/run/app.sock"})
+        EXPECT_EQ(refusal(ok), std::nullopt) << ok;
+    EXPECT_EQ(label(BackendRefusal::PortZero), "port_zero");
+    EXPECT_EQ(label(BackendRefusal::Self), "self");
+}
+
+bool reach(std::string_view target, std::string_view listen,
+           const std::vector<SocketAddress>& local = {}) {
+    return reaches(parsed(target), parsed(listen), local);
+}
+
+TEST(Reaches, TheSameAddressAndPortItsV4MappedFormButNotAnotherPort) {
+    EXPECT_TRUE(reach("127.0.0.1:10000", "127.0.0.1:10000"));
+    EXPECT_TRUE(reach("[::ffff:127.0.0.1]:10000", "127.0.0.1:10000"));
+    EXPECT_TRUE(reach("[::1]:10000", "[::1]:10000"));
+    EXPECT_TRUE(reach("10.1.2.3:80", "10.1.2.3:80"));
+    EXPECT_FALSE(reach("127.0.0.1:10001", "127.0.0.1:10000"));
+    // A listener bound to one loopback address does not take another's connections.
+    EXPECT_FALSE(reach("127.0.0.2:10000", "127.0.0.1:10000"));
+    EXPECT_FALSE(reach("[::1]:10000", "127.0.0.1:10000"));
+    // Port 0 in `listen` is not bound yet: nothing reaches it.
+    EXPECT_FALSE(reach("127.0.0.1:0", "127.0.0.1:0"));
+    EXPECT_TRUE(reach("unix:/run/a.sock", "unix:/run/a.sock"));
+    EXPECT_FALSE(reach("unix:/run/a.sock", "unix:/run/b.sock"));
+    EXPECT_FALSE(reach("unix:/run/a.sock", "127.0.0.1:80"));
+}
+
+TEST(Reaches, AWildcardListenerEveryLocalAddressOfItsFamilyAtItsPort) {
+    const std::vector<SocketAddress> local = {parsed("10.9.8.7:0"), parsed("[2001:db8::7]:0")};
+    EXPECT_TRUE(reach("127.0.0.1:80", "0.0.0.0:80", local));
+    EXPECT_TRUE(reach("127.45.0.3:80", "0.0.0.0:80", local));  // all of 127/8
+    EXPECT_TRUE(reach("[::ffff:127.0.0.1]:80", "0.0.0.0:80", local));
+    EXPECT_TRUE(reach("10.9.8.7:80", "0.0.0.0:80", local));
+    EXPECT_TRUE(reach("[::ffff:10.9.8.7]:80", "0.0.0.0:80", local));
+    EXPECT_FALSE(reach("10.9.8.6:80", "0.0.0.0:80", local));  // another host
+    EXPECT_FALSE(reach("10.9.8.7:81", "0.0.0.0:80", local));
+    EXPECT_FALSE(reach("[::1]:80", "0.0.0.0:80", local));
+    EXPECT_TRUE(reach("[::1]:80", "[::]:80", local));
+    EXPECT_TRUE(reach("[2001:db8::7]:80", "[::]:80", local));
+    EXPECT_FALSE(reach("[2001:db8::8]:80", "[::]:80", local));
+    // The relay's [::] sockets are IPV6_V6ONLY: an IPv4 connect never reaches them.
+    EXPECT_FALSE(reach("127.0.0.1:80", "[::]:80", local));
+    EXPECT_FALSE(reach("[::ffff:127.0.0.1]:80", "[::]:80", local));
+}
+
+TEST(LocalAddresses, HasTheLoopbackAddressesAtPortZero) {
+    const std::vector<SocketAddress> local = localAddresses();
+    // Every test host has lo; ::1 only where IPv6 is on, so only 127.0.0.1 is required.
+    EXPECT_NE(std::find(local.begin(), local.end(), parsed("127.0.0.1:0")), local.end());
+    for (const SocketAddress& a : local) {
+        EXPECT_TRUE(a.family() == AF_INET || a.family() == AF_INET6) << a.toString();
+        EXPECT_EQ(a.port(), 0);
+    }
 }
 
 }  // namespace

@@ -573,6 +573,100 @@ TEST(ClusterConfig, ErrorsNameTheKey) {
               "t.yaml:1:45: clusters[0].health_check.rise: \"0\" is out of range (1..1000)");
 }
 
+// A backend that reaches no service, or the relay itself (a loop: each connection to itself is
+// relayed to itself again until the fds run out), is refused at load, naming the key.
+TEST(BackendTargets, AddressesThatReachNoServiceAreRefused) {
+    const std::string listener = "listeners: [{listen: 127.0.0.1:1, cluster: app}]\n";
+    const auto backend = [&](const std::string& address) {
+        return errorOfYaml(
+            "clusters: [{name: app, backends: [{address: \"127.0.0.1:2\"}, "
+            "{address: \"" +
+            address + "\"}]}]\n" + listener);
+    };
+    EXPECT_EQ(backend("0.0.0.0:80"),
+              "t.yaml:1:71: clusters[0].backends[1].address: 0.0.0.0:80 is refused as a backend "
+              "(unspecified: a connect to it reaches the local host)");
+    EXPECT_EQ(backend("[::]:80"),
+              "t.yaml:1:71: clusters[0].backends[1].address: [::]:80 is refused as a backend "
+              "(unspecified: a connect to it reaches the local host)");
+    EXPECT_EQ(backend("255.255.255.255:80"),
+              "t.yaml:1:71: clusters[0].backends[1].address: 255.255.255.255:80 is refused as a "
+              "backend (broadcast: the broadcast address: no TCP service answers there)");
+    EXPECT_EQ(backend("224.0.0.1:80"),
+              "t.yaml:1:71: clusters[0].backends[1].address: 224.0.0.1:80 is refused as a "
+              "backend (multicast: a multicast address: no TCP service answers there)");
+    EXPECT_EQ(backend("[ff02::1]:80"),
+              "t.yaml:1:71: clusters[0].backends[1].address: [ff02::1]:80 is refused as a "
+              "backend (multicast: a multicast address: no TCP service answers there)");
+    EXPECT_EQ(backend("127.0.0.1:0"),
+              "t.yaml:1:71: clusters[0].backends[1].address: 127.0.0.1:0 is refused as a "
+              "backend (port_zero: port 0 is no service)");
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: 127.0.0.1:1, upstream: 127.0.0.1:0}]\n"),
+              "t.yaml:1:45: listeners[0].upstream: 127.0.0.1:0 is refused as a backend "
+              "(port_zero: port 0 is no service)");
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: 127.0.0.1:1, upstream: 0.0.0.0:5}]\n"),
+              "t.yaml:1:45: listeners[0].upstream: 0.0.0.0:5 is refused as a backend "
+              "(unspecified: a connect to it reaches the local host)");
+}
+
+TEST(BackendTargets, TheRelaysOwnAddressesAreALoop) {
+    const std::string cluster =
+        "clusters: [{name: app, backends: [{address: 127.0.0.1:5}, {address: \"BACKEND\"}]}]\n";
+    const auto with = [&](const std::string& address, const std::string& rest) {
+        std::string c = cluster;
+        c.replace(c.find("BACKEND"), 7, address);
+        return errorOfYaml(c + rest);
+    };
+    const std::string two =
+        "listeners: [{listen: 127.0.0.1:10001, cluster: app}, "
+        "{listen: \"[::1]:10000\", cluster: app}]\n";
+    EXPECT_EQ(with("127.0.0.1:10001", two),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:10001 is the relay's own "
+              "listeners[0].listen: a loop");
+    EXPECT_EQ(with("[::1]:10000", two),
+              "t.yaml:1:69: clusters[0].backends[1].address: [::1]:10000 is the relay's own "
+              "listeners[1].listen: a loop");
+    EXPECT_EQ(with("[::ffff:127.0.0.1]:10001", two),
+              "t.yaml:1:69: clusters[0].backends[1].address: [::ffff:127.0.0.1]:10001 is the "
+              "relay's own listeners[0].listen: a loop");
+    // A listener's own upstream, and one listener's upstream that is another's address.
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: 127.0.0.1:10000, upstream: 127.0.0.1:10000}]\n"),
+              "t.yaml:1:49: listeners[0].upstream: 127.0.0.1:10000 is the relay's own "
+              "listeners[0].listen: a loop");
+    EXPECT_EQ(errorOfYaml("listeners: [{listen: 127.0.0.1:1, upstream: 127.0.0.1:2},\n"
+                          "            {listen: 127.0.0.1:2, upstream: 127.0.0.1:9}]\n"),
+              "t.yaml:1:45: listeners[0].upstream: 127.0.0.1:2 is the relay's own "
+              "listeners[1].listen: a loop");
+    const std::string one = "listeners: [{listen: 127.0.0.1:10001, cluster: app}]\n";
+    EXPECT_EQ(with("127.0.0.1:9100", one),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:9100 is the relay's own "
+              "metrics.listen: a loop");
+    EXPECT_EQ(with("127.0.0.1:9200", one + "metrics: {health_listen: 127.0.0.1:9200}\n"),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:9200 is the relay's own "
+              "metrics.health_listen: a loop");
+    EXPECT_EQ(with("127.0.0.1:9300", one + "admin: {listen: 127.0.0.1:9300}\n"),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.1:9300 is the relay's own "
+              "admin.listen: a loop");
+    EXPECT_EQ(with("unix:/run/zcrelay-admin.sock", one + "admin: {listen: "
+                                                         "\"unix:/run/zcrelay-admin.sock\"}\n"),
+              "t.yaml:1:69: clusters[0].backends[1].address: unix:/run/zcrelay-admin.sock is "
+              "the relay's own admin.listen: a loop");
+    // A wildcard listener listens on every local address at its port.
+    const std::string wildcard = "listeners: [{listen: 0.0.0.0:10002, cluster: app}]\n";
+    EXPECT_EQ(with("127.0.0.9:10002", wildcard),
+              "t.yaml:1:69: clusters[0].backends[1].address: 127.0.0.9:10002 is the relay's own "
+              "listeners[0].listen: a loop");
+    // Not the relay: metrics off, another port, another loopback address, a port 0 listener.
+    EXPECT_NO_THROW(loadConfigString(cluster.substr(0, cluster.find("BACKEND")) + "127.0.0.1:9100" +
+                                         cluster.substr(cluster.find("BACKEND") + 7) + one +
+                                         "metrics: {listen: \"\"}\n",
+                                     "t.yaml"));
+    EXPECT_EQ(with("127.0.0.1:10003", wildcard), "(no error)");
+    EXPECT_EQ(with("127.0.0.2:10001", one), "(no error)");
+    EXPECT_EQ(with("127.0.0.1:10001", "listeners: [{listen: 127.0.0.1:0, cluster: app}]\n"),
+              "(no error)");
+}
+
 TEST(ClusterConfig, RendersBackToAnEqualConfig) {
     for (const char* name : {"clusters.yaml", "health_checks.yaml", "proxy_protocol.yaml",
                              "limits.yaml", "upstream_sockets.yaml", "access_log.yaml"}) {
