@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "flat_json.hpp"
@@ -59,11 +60,27 @@ tl::expected<std::string, std::string> readToken(const std::string& path) {
     char buf[4097];
     const ssize_t n = read(fd.get(), buf, sizeof buf - 1);
     if (n < 0) return tl::unexpected("admin.token_file " + path + ": " + std::strerror(errno));
-    std::string token(buf, static_cast<size_t>(n));
-    token = token.substr(0, token.find_first_of("\r\n"));
-    if (token.empty())
+    // The first line, without the spaces and tabs around it (an editor's trailing blank, an
+    // indent): the Authorization header's value loses them too (RFC 9110 §5.5), so a token
+    // that kept them could never match. Nothing left is refused here, not taken as a token
+    // that `Bearer ` and those blanks would match.
+    std::string_view line(buf, static_cast<size_t>(n));
+    line = line.substr(0, line.find_first_of("\r\n"));
+    const size_t first = line.find_first_not_of(" \t");
+    if (first == std::string_view::npos)
         return tl::unexpected("admin.token_file " + path + ": the first line is empty");
-    return token;
+    line = line.substr(first, line.find_last_not_of(" \t") - first + 1);
+    // A control byte inside is a broken file: a client cannot send one in a header value (the
+    // HTTP server refuses it, RFC 9110 §5.5), and a tab, which it could, is no character of a
+    // bearer token (RFC 6750's b64token).
+    for (const char ch : line)
+        if (const auto byte = static_cast<unsigned char>(ch); byte < 0x20 || byte == 0x7f) {
+            char hex[8];
+            std::snprintf(hex, sizeof hex, "0x%02x", byte);
+            return tl::unexpected("admin.token_file " + path +
+                                  ": the token holds a control byte (" + hex + ")");
+        }
+    return std::string(line);
 }
 
 std::string backendJson(const BackendRt& b) {

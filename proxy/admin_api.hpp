@@ -79,7 +79,8 @@ class AdminApi {
         std::function<void(std::shared_ptr<BackendState>)> end_connections;
     };
 
-    // Reads the token file (its first line; an empty one is refused) and starts the server.
+    // Reads the token file (its first line without the spaces and tabs around it; one empty
+    // after that, or holding a control byte, is refused) and starts the server.
     static tl::expected<std::unique_ptr<AdminApi>, std::string> start(const AdminConfig& config,
                                                                       Hooks hooks,
                                                                       AdminStats& stats);

@@ -22,6 +22,11 @@
 //     Content-Length is over max_body (or the route takes none), 411 when it has no length
 //     (Transfer-Encoding: chunked is not taken), then the connection is closed. Methods a route
 //     does not take: 405.
+//   - 400, then closed, for what RFC 9112 has a server refuse and libmicrohttpd lets through
+//     (it hands values over as C strings, so a NUL hid the rest of a line): two Content-Lengths
+//     or Content-Length with Transfer-Encoding (§6.3, the request-smuggling shape), a NUL or
+//     other control byte in the target, a header name or value (a tab in a value is fine), a
+//     space in the target, a folded header line. Counted as `bad_request`.
 //
 // Routing is by the path as sent (percent-escapes are not decoded, the query string is not part
 // of it): exact routes first, then the longest prefix route. A path no route serves is 404,
@@ -76,8 +81,9 @@ struct HttpRequest {
     std::string_view method;         // "GET", "HEAD", "POST", "PUT", ... (as sent: case matters)
     std::string_view path;           // the path as sent (no query string), not decoded
     std::string_view body;           // the whole body ("" for none)
-    std::string_view authorization;  // the Authorization header value, "" if absent (the first,
-                                     // if a client sent several)
+    std::string_view authorization;  // the Authorization header value without the blanks
+                                     // around it, "" if absent (the first, if a client sent
+                                     // several)
 };
 
 // An aggregate, so routes read as designated initializers:

@@ -12,15 +12,16 @@ namespace zcrelay {
 
 // Why the endpoint closed a connection or refused a request, as the label of
 // zcrelay_metrics_endpoint_rejected_total.
-#define ZCRELAY_HTTP_REJECTS(X)                                                                 \
-    X(Timeout, "timeout") /* no complete request (or no response sent) in request_timeout */    \
-    X(Evicted, "evicted") /* the oldest idle one, closed for a new connection at the cap */     \
-    X(BadRequest,                                                                               \
-      "bad_request")         /* closed before a complete request: malformed, over             \
-                                    max_request_size, or cut off by the client */ \
-    X(Method, "method")      /* not GET or HEAD: 405 */                                         \
-    X(Body, "body")          /* a request with a body: 413, then closed */                      \
-    X(NotFound, "not_found") /* a path the server does not serve: 404 */
+// bad_request: closed before a complete request: malformed (libmicrohttpd's 400, or ours for
+// ambiguous lengths or a NUL or control byte), over max_request_size (431, 414), or cut off by
+// the client.
+#define ZCRELAY_HTTP_REJECTS(X)                                                              \
+    X(Timeout, "timeout") /* no complete request (or no response sent) in request_timeout */ \
+    X(Evicted, "evicted") /* the oldest idle one, closed for a new connection at the cap */  \
+    X(BadRequest, "bad_request") /* malformed, too large or cut off: see above */            \
+    X(Method, "method")          /* not GET or HEAD: 405 */                                  \
+    X(Body, "body")              /* a request with a body: 413, then closed */               \
+    X(NotFound, "not_found")     /* a path the server does not serve: 404 */
 
 enum class HttpReject : uint8_t { ZCRELAY_HTTP_REJECTS(ZCRELAY_ENUM_ITEM) kCount };
 inline constexpr std::array<std::string_view, idx(HttpReject::kCount)> kHttpRejectLabels{

@@ -931,6 +931,121 @@ TEST_F(AdminApiTest, BearerTokenIsRequiredWhenConfigured) {
     EXPECT_EQ(relay_.metric(kAdminChanges, {{"change", "state_drain"}}), 1.0);
 }
 
+// A raw request on a fresh connection to the API (`request` sent as is, NULs and all), read
+// until the server closes: the status, 0 if no complete response came.
+struct RawReply {
+    int status = 0;
+    std::string text;  // everything read
+    std::string error;
+};
+RawReply rawRequest(const std::string& host, uint16_t port, const std::string& request) {
+    RawReply r;
+    Connected c = connectTo(host, port);
+    if (!c.fd) {
+        r.error = "connect: " + c.error;
+        return r;
+    }
+    IoResult w = writeAll(c.fd.get(), request.data(), request.size(), Millis{5'000});
+    if (!w.ok() && w.status != IoStatus::Reset) r.error = "send: " + w.describe();
+    IoResult end = readUntilEof(c.fd.get(), r.text, Millis{5'000});
+    if (r.text.rfind("HTTP/1.", 0) == 0 && r.text.size() > 12)
+        r.status = std::atoi(r.text.c_str() + 9);
+    else
+        r.error += " no response (" + end.describe() + ")";
+    return r;
+}
+
+// RFC 9112 §6.3 and RFC 9110 §5.5, on the API: two Content-Lengths (libmicrohttpd took the first,
+// so "12 then 5" applied a whole weight change another parser would read as 5 bytes), a NUL
+// after a valid bearer token (libmicrohttpd's C string ended at it: accepted), a NUL in the
+// target (answered as the path before it). Each is 400 and closed, and changes nothing; the
+// same PUT with one Content-Length then works. The token file's first line is trimmed of its
+// surrounding blanks.
+TEST_F(AdminApiTest, SmuggledLengthsAndNulBytesAreRefused) {
+    using namespace std::string_literals;
+    TaggedBackend a('a');
+    ASSERT_TRUE(a.ok()) << a.error();
+    const std::string token_file = relay_.dir() + "/admin.token";
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    ASSERT_NE(f, nullptr) << std::strerror(errno);
+    std::fputs(" \ts3cret-t0ken \t\r\n", f);
+    std::fclose(f);
+    ASSERT_NO_FATAL_FAILURE(startWith({{a.address()}}, "splice", "    balance: round_robin\n",
+                                      "  token_file: \"" + token_file + "\"\n"));
+    const std::string path = backendPath(a.address());
+    const std::string auth = "Authorization: Bearer s3cret-t0ken\r\n";
+    const std::string weight3 = "{\"weight\":3}";
+    ASSERT_EQ(weight3.size(), 12u);
+    const auto put = [&](const std::string& lengths) {
+        return "PUT " + path + " HTTP/1.1\r\nHost: x\r\n" + auth +
+               "Content-Type: application/json\r\n" + lengths + "\r\n" + weight3;
+    };
+
+    RawReply r =
+        rawRequest(admin_host_, admin_port_, put("Content-Length: 12\r\nContent-Length: 5\r\n"));
+    EXPECT_EQ(r.status, 400) << r.error << r.text;
+    r = rawRequest(admin_host_, admin_port_, put("Content-Length: 12\r\nContent-Length: 12\r\n"));
+    EXPECT_EQ(r.status, 400) << r.error << r.text;
+    r = rawRequest(admin_host_, admin_port_,
+                   put("Content-Length: 12\r\nTransfer-Encoding: chunked\r\n"));
+    EXPECT_EQ(r.status, 400) << r.error << r.text;
+    // Nothing applied: the weight as configured, no change counted.
+    EXPECT_TRUE(backendReply(api("GET", path, "", auth), {.address = a.address()}));
+    EXPECT_EQ(relay_.metric(kAdminChanges, {}).value_or(0), 0.0);
+
+    // The token, then a NUL and more: not the token.
+    r = rawRequest(admin_host_, admin_port_,
+                   "GET /api/v1/clusters HTTP/1.1\r\nHost: x\r\n"
+                   "Authorization: Bearer s3cret-t0ken\0junk\r\n\r\n"s);
+    EXPECT_TRUE(r.status == 400 || r.status == 401) << r.status << " " << r.error << r.text;
+    const int bearer_nul = r.status;
+    // A NUL in the target: not the cluster before it.
+    r = rawRequest(admin_host_, admin_port_,
+                   "GET /api/v1/clusters/app\0x HTTP/1.1\r\nHost: x\r\n"s + auth + "\r\n");
+    EXPECT_EQ(r.status, 400) << r.error << r.text;
+    EXPECT_EQ(r.text.find("\"backends\""), std::string::npos) << "answered as the cluster";
+    // "Bearer " and blanks never authenticate.
+    EXPECT_TRUE(
+        isError(api("GET", "/api/v1/clusters", "", "Authorization: Bearer    \r\n"), 401, "token"));
+    EXPECT_TRUE(relay_.waitForMetric(kAdminRejected, {{"reason", "bad_request"}},
+                                     bearer_nul == 400 ? 5 : 4));
+    EXPECT_EQ(requests("ok"), 1.0) << "only the GET of the backend was answered";
+
+    // The same PUT with one Content-Length is taken: the shape itself was fine.
+    r = rawRequest(admin_host_, admin_port_, put("Content-Length: 12\r\nConnection: close\r\n"));
+    EXPECT_EQ(r.status, 200) << r.error << r.text;
+    EXPECT_TRUE(backendReply(api("GET", path, "", auth), {.address = a.address(), .weight = 3}));
+    EXPECT_EQ(relay_.metric(kAdminChanges, {{"change", "weight"}}), 1.0);
+    ASSERT_NO_FATAL_FAILURE(expectRelaying(500));
+}
+
+// The token file's first line, trimmed of spaces and tabs, is the token: one of blanks only is
+// refused at start (before, the relay started and `Bearer ` plus those blanks authenticated),
+// and so is one holding a control byte. Both name the file; the relay exits 1.
+TEST(AdminApiConfig, ABlankOrControlByteTokenFileIsRefusedAtStart) {
+    TempDir dir;
+    const auto run = [&](const std::string& name, const std::string& content) {
+        const std::string token = dir.writeFile(name, content);
+        RelayConfig config =
+            clusterConfig(adminYaml("127.0.0.1:0", "  token_file: \"" + token + "\"\n"),
+                          clusterYaml({{"127.0.0.1:9"}}));
+        const std::string path = dir.writeFile(name + ".yaml", config.yaml());
+        return std::make_pair(token, runCommand({kRelayBinary, "-c", path}, Millis{15'000}));
+    };
+    for (const std::string& blank : {"    \n", " \t \r\nsecond-line-token\n", "   "}) {
+        auto [token, r] = run("blank.token", blank);
+        EXPECT_TRUE(r.status.exited && r.status.code == 1) << r.describe();
+        EXPECT_NE(r.err.find("admin.token_file " + token + ": the first line is empty"),
+                  std::string::npos)
+            << r.describe();
+    }
+    auto [token, r] = run("ctl.token", std::string("s3cret\x01t0ken\n"));
+    EXPECT_TRUE(r.status.exited && r.status.code == 1) << r.describe();
+    EXPECT_NE(r.err.find("admin.token_file " + token + ": the token holds a control byte (0x01)"),
+              std::string::npos)
+        << r.describe();
+}
+
 TEST(AdminApiConfig, WildcardListenWithoutTokenIsRefused) {
     TempDir dir;
     auto check = [&](const std::string& admin) {

@@ -305,6 +305,34 @@ TEST_F(ControlPlaneTest, RefusesBodiesMethodsOversizedRequestsAndUnknownPaths) {
     EXPECT_TRUE(relay_.waitForMetric(kRejected, why("not_found"), 1));
 }
 
+// What RFC 9112 says a server must refuse, on the real metrics endpoint: a NUL in the target
+// (libmicrohttpd answered "/healthz\0x" as /healthz), a NUL or control byte in a header, two
+// Content-Lengths, Content-Length with Transfer-Encoding. Each 400 and closed at once, counted
+// as bad_request; a probe right after is answered.
+TEST_F(ControlPlaneTest, NulBytesAndAmbiguousLengthsAreRefusedWith400) {
+    using namespace std::string_literals;
+    ASSERT_NO_FATAL_FAILURE(startRelay());
+    const uint16_t port = relay_.metricsPort();
+    const std::vector<std::string> refused = {
+        "GET /healthz\0x HTTP/1.1\r\nHost: x\r\n\r\n"s,
+        "GET /metrics\0/../healthz HTTP/1.1\r\nHost: x\r\n\r\n"s,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Probe: ok\0junk\r\n\r\n"s,
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Probe: a\x01z\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    };
+    for (const std::string& request : refused) {
+        Reply r = roundTrip(port, request, Millis{2'000});
+        EXPECT_EQ(r.status, 400) << r.error << r.head << "\nfor " << request;
+        EXPECT_LT(r.seconds, 1.0) << "closed at once after the 400";
+        EXPECT_EQ(r.body.find("ok"), std::string::npos) << "the probe answered: " << r.body;
+    }
+    EXPECT_TRUE(relay_.waitForMetric(kRejected, why("bad_request"), refused.size()));
+    Reply ok = probe(port, "/healthz");
+    EXPECT_EQ(ok.status, 200) << ok.error << ok.head;
+}
+
 // metrics.health_listen: /healthz and /readyz on a port of their own (and /metrics not), so a
 // probe never shares a connection cap with scrapes.
 TEST_F(ControlPlaneTest, HealthListenServesProbesApartFromScrapes) {
