@@ -1841,18 +1841,30 @@ std::string renderConfig(const Config& config) { return render(config, false); }
 void applyFlag(Config& config, std::string_view key, std::string_view value,
                std::string_view flag) {
     const Where at{"<command line>", 0, 0, std::string(flag)};
+    // The backends, checked again as the file's were once a flag moved an end: what the flag
+    // makes must not be a loop either (`--listen` is always followed by its `--upstream`).
+    const auto recheck = [&] {
+        const auto own = ownAddresses(config);
+        std::optional<std::vector<SocketAddress>> local;
+        for (const ListenerConfig& l : config.listeners)
+            if (l.upstream.length != 0) checkBackendTarget(at, l.upstream, own, local);
+        for (const ClusterConfig& c : config.clusters)
+            for (const BackendConfig& b : c.backends) checkBackendTarget(at, b.address, own, local);
+    };
     if (const auto* top = findKey<Config>(kTopKeys, key)) {
         return parseValue(config, *top, value, at);
     }
     if (key == "metrics.listen") {
         parseValue(config.metrics, *findKey<MetricsConfig>(kMetricsKeys, "listen"), value, at);
         config.metrics.enabled = config.metrics.listen.length != 0;
+        recheck();
         return;
     }
     if (const auto* listener_key = findKey<ListenerConfig>(kListenerKeys, key)) {
         for (ListenerConfig& listener : config.listeners) {
             parseValue(listener, *listener_key, value, at);
         }
+        if (key == "upstream") recheck();
         return;
     }
     throw std::logic_error("applyFlag: no config key " + std::string(key));

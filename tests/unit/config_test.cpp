@@ -390,6 +390,26 @@ TEST(ApplyFlag, ChecksLikeTheYamlKeyAndNamesTheFlag) {
     EXPECT_EQ(c.metrics.listen, addr("[::1]:9000"));
 }
 
+// The shorthand's ends are backends too: `--upstream` that names the relay's own listener or
+// metrics address, or an address that is no host, is refused like the file's key.
+TEST(ApplyFlag, AnUpstreamFlagThatLoopsIsRefused) {
+    Config c = loadConfigString(defaultConfigYaml(), "<default>");
+    applyFlag(c, "listen", "127.0.0.1:10000", "--listen");
+    EXPECT_EQ(errorOf([&] { applyFlag(c, "upstream", "127.0.0.1:10000", "--upstream"); }),
+              "<command line>: --upstream: 127.0.0.1:10000 is the relay's own "
+              "listeners[0].listen: a loop");
+    EXPECT_EQ(errorOf([&] { applyFlag(c, "upstream", "0.0.0.0:80", "--upstream"); }).find(
+                  "<command line>: --upstream: 0.0.0.0:80 is refused as a backend (unspecified"),
+              0u);
+    EXPECT_EQ(errorOf([&] { applyFlag(c, "upstream", "127.0.0.1:9100", "--upstream"); }),
+              "<command line>: --upstream: 127.0.0.1:9100 is the relay's own metrics.listen: a "
+              "loop");
+    applyFlag(c, "upstream", "127.0.0.1:9200", "--upstream");
+    EXPECT_EQ(errorOf([&] { applyFlag(c, "metrics.listen", "127.0.0.1:9200", "--metrics"); }),
+              "<command line>: --metrics: 127.0.0.1:9200 is the relay's own metrics.listen: a "
+              "loop");
+}
+
 }  // namespace
 }  // namespace zcrelay
 
