@@ -469,11 +469,20 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
     const uint64_t peak_before = peakRssKib(relay_.pid());
 
     const std::string eight = memoryHungryConfig(dir, "eight.yaml", 8 * kMiB);
+    // The 8 MiB file ends the reader at its address-space limit (1.5 GiB with
+    // --max-config-size 8MiB), but only after the page faults of 1.5 GiB: `--check-config`
+    // under that limit took 8.9 to 12.3 s on this 2-core VM with a suite running beside it
+    // (the builds before and after 2026-11-28's change alike), around the reader's 10 s
+    // deadline, which then kills it instead (a clean-clone run failed here so). Either ending
+    // is the reader's and refuses the reload; what this case is about is that the relay pays
+    // nothing. The limit alone is checked above, by --check-config under prlimit.
     const struct {
         const std::string& file;
         const char* message;
-    } reloads[] = {{one, "listeners[0]: expected a map, got a sequence"},
-                   {eight, "out of memory while loading the config"}};
+        const char* or_message;
+    } reloads[] = {{one, "listeners[0]: expected a map, got a sequence", nullptr},
+                   {eight, "out of memory while loading the config",
+                    "reading the config took longer than"}};
     double failures = 0;
     for (const auto& r : reloads) {
         if (kSanitized && &r.file == &eight) continue;  // no limit for the reader to meet
@@ -482,7 +491,10 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
         failures += 1;
         EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}},
                                          failures, Millis{30'000}));
-        EXPECT_NE(relay_.stderrText().find(r.message), std::string::npos) << r.message;
+        const std::string err = relay_.stderrText();
+        EXPECT_TRUE(err.find(r.message) != std::string::npos ||
+                    (r.or_message != nullptr && err.find(r.or_message) != std::string::npos))
+            << r.message;
     }
     // Parsing the 1 MiB file in the relay would take about 260 MiB (more under ASan, whose
     // redzones grow every node). Allocator noise stays far below that, but not below 32 MiB
