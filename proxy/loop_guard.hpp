@@ -33,7 +33,7 @@ struct ClusterRt;
 
 class LoopGuard {
   public:
-    static constexpr unsigned kMaxWorkers = 256;
+    static constexpr unsigned kMaxWorkers = 256;  // the config's bound on `workers`
 
     // An address as the table compares it: IPv4 as its v4-mapped IPv6 form, so a dual-stack
     // listener's view of an IPv4 peer matches the IPv4 socket that made it.
@@ -42,7 +42,7 @@ class LoopGuard {
         uint16_t port = 0;
         bool operator==(const Endpoint&) const = default;
     };
-    // std::nullopt-free: port 0 means "not TCP" (no endpoint).
+    // Port 0: not an IPv4 or IPv6 address (a unix one), so nothing to compare.
     static Endpoint endpointOf(const SocketAddress& a);
 
     // One worker's upstream sockets. Written by its worker only; read by any worker's accept,
