@@ -21,6 +21,8 @@ packages=(
   libclang-rt-dev
   # benches and peers
   haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
+  # the suite's stress runs (tests/stress.sh): the cases again while both CPUs are busy
+  stress-ng
   # packaging checks (tests/deploy): cpack's DEB generator (dpkg-shlibdeps, file),
   # systemd-analyze, the manifest checks' YAML parser
   dpkg-dev file systemd python3-yaml

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -238,6 +239,8 @@ TEST_P(UnprivilegedPath, RelaysByteExactAndEveryThreadIsDropped) {
     EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 4));
     EXPECT_TRUE(relay_.terminate().cleanExit()) << relay_.diagnostics();
 }
+ZCRELAY_LABEL(UnprivilegedPath, RelaysByteExactAndEveryThreadIsDropped, "", kHostPipePages,
+              "runs as nobody, whose pipe pages (fs.pipe-user-pages-*) are host-wide");
 
 INSTANTIATE_TEST_SUITE_P(Modes, UnprivilegedPath, ::testing::Values("splice", "copy", "sockmap"),
                          [](const auto& info) { return std::string(info.param); });
@@ -266,6 +269,8 @@ TEST_F(Unprivileged, ReloadBindsAPortBelow1024AndRelays) {
     EXPECT_TRUE(everyThreadRunsAs(relay_.pid(), nobody_, 4));
     EXPECT_TRUE(relay_.terminate().cleanExit()) << relay_.diagnostics();
 }
+ZCRELAY_LABEL(Unprivileged, ReloadBindsAPortBelow1024AndRelays, "", kHostPipePages,
+              "runs as nobody, whose pipe pages (fs.pipe-user-pages-*) are host-wide");
 
 // The access log is opened as the user, at start and on SIGHUP (logrotate). A reopen the user
 // may not do is one clear error line; the relay keeps the old file and keeps relaying.
@@ -296,6 +301,8 @@ TEST_F(Unprivileged, AccessLogReopenRefusedKeepsTheOldFileAndRelays) {
         << "the line went to the file still open";
     EXPECT_NE(::access(log.c_str(), F_OK), 0) << "nobody could not have created a new file";
 }
+ZCRELAY_LABEL(Unprivileged, AccessLogReopenRefusedKeepsTheOldFileAndRelays, "", kHostPipePages,
+              "runs as nobody, whose pipe pages (fs.pipe-user-pages-*) are host-wide");
 
 // Start-up refusals: each names what is wrong and exits 1 before relaying anything.
 TEST_F(Unprivileged, RefusalsAtStartNameTheCause) {
@@ -347,6 +354,8 @@ TEST_F(Unprivileged, RefusalsAtStartNameTheCause) {
               std::string::npos)
         << r.describe();
 }
+ZCRELAY_LABEL(Unprivileged, RefusalsAtStartNameTheCause, "", kHostPipePages,
+              "runs as nobody, whose pipe pages (fs.pipe-user-pages-*) are host-wide");
 
 // Without CAP_SYS_RESOURCE the relay's pipes count against nobody's pipe-user-pages. Past the
 // soft limit the kernel hands out 2-page pipes that cannot be resized (EPERM); past the hard
@@ -421,6 +430,9 @@ TEST_P(UnprivilegedPipePages, DirectionsWithoutAPipeFallBackToCopyByteExact) {
                 spliced.value_or(0) / kMiB);
     EXPECT_TRUE(relay_.terminate().cleanExit()) << relay_.diagnostics();
 }
+ZCRELAY_LABEL(UnprivilegedPipePages, DirectionsWithoutAPipeFallBackToCopyByteExact, "",
+              kHostPipePages,
+              "lowers fs.pipe-user-pages-*: host-wide, for every process of nobody");
 
 INSTANTIATE_TEST_SUITE_P(Limits, UnprivilegedPipePages,
                          ::testing::Values(PipePagesCase{"soft", "64", ""},

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "pump/splice_pump.hpp"
+#include "support/labels.hpp"
 
 namespace zcrelay {
 namespace {
@@ -182,6 +183,8 @@ TEST(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit) {
     EXPECT_EQ(WEXITSTATUS(status), 0)
         << "child exit code: 12 = got a pipe, 13 = wrong reason, 1x = setup";
 }
+ZCRELAY_LABEL(PipePool, PipeUserPagesSoftLimitIsReportedAsPipeLimit, "", test::kHostPipePages,
+              "fills the pipe pages of nobody, which are host-wide, not per namespace");
 
 // A 64 KiB pipe has 16 slots and every skb takes one however small: with tiny segments it is
 // "full" at a few KiB, and splice(sock -> pipe) says EAGAIN although the socket has data

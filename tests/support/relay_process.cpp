@@ -21,6 +21,8 @@
 #include <string_view>
 #include <utility>
 
+#include "support/netns.hpp"
+
 namespace zcrelay::test {
 
 // ---------------------------------------------------------------------------------------------
@@ -617,6 +619,8 @@ RelayProcess::~RelayProcess() {
 
 ::testing::AssertionResult RelayProcess::launch(const std::vector<std::string>& args) {
     if (child_.pid() > 0) return ::testing::AssertionFailure() << "RelayProcess started twice";
+    if (std::string refusal = relayRefusal(); !refusal.empty())
+        return ::testing::AssertionFailure() << refusal;
     stderr_path_ = dir_.file("stderr.log");
     int p[2];
     if (::pipe2(p, O_CLOEXEC) != 0)

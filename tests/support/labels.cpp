@@ -1,0 +1,159 @@
+#include "support/labels.hpp"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string_view>
+#include <vector>
+
+namespace zcrelay::test {
+namespace {
+
+struct Declaration {
+    std::string suite;
+    std::string test_case;
+    std::vector<std::string> params;  // globs of instance names; empty: every instance
+    std::string label;
+    std::string why;
+    bool matched = false;
+};
+
+std::vector<Declaration>& declarations() {
+    static std::vector<Declaration> all;
+    return all;
+}
+
+std::vector<std::string> splitCommas(std::string_view s) {
+    std::vector<std::string> out;
+    while (!s.empty()) {
+        const size_t comma = s.find(',');
+        out.emplace_back(s.substr(0, comma));
+        if (comma == std::string_view::npos) break;
+        s.remove_prefix(comma + 1);
+    }
+    return out;
+}
+
+// What a label makes ctest do besides carrying it (labels.hpp says why).
+std::string extraProperties(const std::string& label) {
+    if (label == kCpuBound) return " PROCESSORS 2";
+    if (label == kHostPipePages) return " RESOURCE_LOCK host_pipe_pages";
+    return "";
+}
+
+// The name CMake's gtest_discover_tests gives a case with NO_PRETTY_VALUES
+// (tests/CMakeLists.txt): the suite and the case as gtest names them, "Modes/Suite.Case/splice".
+// Its default would append the parameter's printed value, which for a struct is its bytes,
+// pointers included: a name that changes from one run of the binary to the next.
+std::string ctestName(const std::string& prefix, const ::testing::TestInfo& t) {
+    return prefix + t.test_suite_name() + "." + t.name();
+}
+
+// gtest's --gtest_filter, which gtest applies only once RUN_ALL_TESTS runs: "POS:POS-NEG:NEG",
+// each a glob of "Suite.Case".
+bool selected(const std::string& full_name) {
+    const std::string filter = GTEST_FLAG_GET(filter);
+    const size_t dash = filter.find('-');
+    auto any = [&](std::string_view globs) {
+        size_t start = 0;
+        while (start <= globs.size()) {
+            const size_t colon = std::min(globs.find(':', start), globs.size());
+            const std::string glob(globs.substr(start, colon - start));
+            if (!glob.empty() && ::fnmatch(glob.c_str(), full_name.c_str(), 0) == 0) return true;
+            start = colon + 1;
+        }
+        return false;
+    };
+    const std::string_view all(filter);
+    const std::string_view positive = all.substr(0, dash);
+    const bool in = positive.empty() || any(positive);
+    return in && (dash == std::string::npos || !any(all.substr(dash + 1)));
+}
+
+// ctest reads the file as CMake: quote the name, escape what a quoted argument interprets.
+std::string quoted(const std::string& s) {
+    std::string out = "\"";
+    for (char ch : s) {
+        if (ch == '"' || ch == '\\' || ch == '$' || ch == ';') out += '\\';
+        out += ch;
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+bool declareLabel(const char* suite, const char* test_case, const char* params, const char* label,
+                  const char* why) {
+    declarations().push_back({suite, test_case, splitCommas(params), label, why});
+    return true;
+}
+
+bool writeCtestLabels(const std::string& file, const std::string& base_label,
+                      const std::string& prefix) {
+    // name -> its labels beyond the base one, and the properties they bring.
+    std::map<std::string, std::pair<std::vector<std::string>, std::string>> cases;
+    const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
+    for (int s = 0; s < unit.total_test_suite_count(); ++s) {
+        const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
+        // "Modes/RelayTest" for a parametrised suite: the declaration names the class.
+        std::string_view suite_name = suite.name();
+        if (const size_t slash = suite_name.find('/'); slash != std::string_view::npos)
+            suite_name.remove_prefix(slash + 1);
+        for (int i = 0; i < suite.total_test_count(); ++i) {
+            const ::testing::TestInfo& t = *suite.GetTestInfo(i);
+            // --gtest_filter: the reruns run only some cases.
+            if (!selected(std::string(suite.name()) + "." + t.name())) continue;
+            std::string_view name = t.name(), param;
+            if (const size_t slash = name.find('/'); slash != std::string_view::npos) {
+                param = name.substr(slash + 1);
+                name = name.substr(0, slash);
+            }
+            for (Declaration& d : declarations()) {
+                if (d.suite != suite_name || d.test_case != name) continue;
+                bool wanted = d.params.empty();
+                const std::string param_name(param);
+                for (const std::string& p : d.params)
+                    wanted = wanted || ::fnmatch(p.c_str(), param_name.c_str(), 0) == 0;
+                if (!wanted) continue;
+                d.matched = true;
+                auto& [labels, extra] = cases[ctestName(prefix, t)];
+                labels.push_back(d.label);
+                extra += extraProperties(d.label);
+            }
+        }
+    }
+    bool ok = true;
+    for (const Declaration& d : declarations()) {
+        // A filtered binary (the send_zerocopy reruns) legitimately runs only some cases.
+        if (!d.matched && GTEST_FLAG_GET(filter) == "*") {
+            std::fprintf(
+                stderr,
+                "ZCRELAY_LABEL(%s, %s, \"%s\"): no instance of the case has those parameters\n",
+                d.suite.c_str(), d.test_case.c_str(),
+                d.params.empty() ? "" : d.params.front().c_str());
+            ok = false;
+        }
+    }
+    std::ostringstream out;
+    out << "# Written by the test binary (--zcrelay_ctest_labels): the labels its cases declare.\n";
+    for (const auto& [name, what] : cases) {
+        std::string labels = base_label;
+        for (const std::string& l : what.first) labels += ";" + l;
+        out << "set_tests_properties(" << quoted(name) << " PROPERTIES LABELS "
+            << "\"" << labels << "\"" << what.second << ")\n";
+    }
+    std::ofstream f(file, std::ios::trunc);
+    f << out.str();
+    if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", file.c_str());
+        return false;
+    }
+    return ok;
+}
+
+}  // namespace zcrelay::test

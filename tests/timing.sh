@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Where the suite's time goes, from ctest's own record of its last run:
+#
+#   tests/timing.sh [BUILD_DIR]        (default: build)
+#
+# Prints the run's wall time against the sum of its cases' times (how much ran side by side),
+# the time per label, the 20 slowest cases, and the critical path: with no case depending on
+# another, no -j can finish the run sooner than its longest case, nor sooner than the busy
+# time spread over the CPUs. The sanitizer runs (sanitize.address, sanitize.thread) are cases
+# of their own here; their inner runs are broken down the same way below them, from the
+# sanitizer trees' own logs.
+set -euo pipefail
+build=${1:-build}
+[[ -f $build/Testing/Temporary/LastTest.log ]] ||
+    { echo "timing.sh: $build/Testing/Temporary/LastTest.log not found: run ctest in $build first" >&2; exit 2; }
+ctest --test-dir "$build" --show-only=json-v1 >"$build/Testing/Temporary/tests.json"
+exec python3 - "$build" <<'EOF'
+import json, os, re, sys
+from collections import defaultdict
+
+build = sys.argv[1]
+
+def last_run(testing_dir):
+    """({case: seconds}, {case: status}) of the last ctest run there."""
+    path = os.path.join(testing_dir, "Temporary", "LastTest.log")
+    if not os.path.exists(path):
+        return {}, {}
+    times, status, current = {}, {}, None
+    for line in open(path, errors="replace"):
+        m = re.match(r"^\d+/\d+ Test: (.*)$", line)
+        if m:
+            current = m.group(1).strip()
+            continue
+        m = re.match(r"^Test time =\s+([\d.]+) sec", line)
+        if m and current:
+            times[current] = float(m.group(1))
+            continue
+        if current and line.startswith("Test ") and current not in status:
+            status[current] = line.strip().rstrip(".")
+    return times, status
+
+def labels_of(build_dir):
+    out = {}
+    path = os.path.join(build_dir, "Testing", "Temporary", "tests.json")
+    if not os.path.exists(path):
+        return out
+    for t in json.load(open(path)).get("tests", []):
+        for p in t.get("properties", []):
+            if p["name"] == "LABELS":
+                out[t["name"]] = p["value"]
+    return out
+
+def report(title, testing_dir, labels, indent=""):
+    times, status = last_run(testing_dir)
+    if not times:
+        return
+    total = sum(times.values())
+    print(f"{indent}{title}: {len(times)} cases, {total:.0f} s of case time")
+    per_label = defaultdict(lambda: [0, 0.0])
+    for name, secs in times.items():
+        for label in labels.get(name, ["(none)"]):
+            per_label[label][0] += 1
+            per_label[label][1] += secs
+    print(f"{indent}  per label (a case counts under each of its labels):")
+    for label, (n, secs) in sorted(per_label.items(), key=lambda kv: -kv[1][1]):
+        print(f"{indent}    {label:<24} {n:>5} cases {secs:>8.1f} s")
+    longest = max(times.items(), key=lambda kv: kv[1])
+    print(f"{indent}  critical path: {longest[1]:.1f} s, the longest case ({longest[0]}); "
+          f"busy time over 2 CPUs would be {total / 2:.0f} s if every case were CPU-bound")
+    print(f"{indent}  the 20 slowest:")
+    for name, secs in sorted(times.items(), key=lambda kv: -kv[1])[:20]:
+        labs = ",".join(labels.get(name, []))
+        print(f"{indent}    {secs:>8.1f} s  {name}  [{labs}]")
+    failed = [n for n, s in status.items() if "Passed" not in s and "Skipped" not in s and "Not Run" not in s]
+    if failed:
+        print(f"{indent}  not passed: {', '.join(sorted(failed))}")
+
+labels = labels_of(build)
+report("ctest", os.path.join(build, "Testing"), labels)
+for kind in ("address", "thread"):
+    tree = os.path.join(build, f"sanitize-{kind}")
+    if not os.path.isdir(tree):
+        continue
+    print()
+    # The sanitizer tree's own cases, then the main tree's relay cases against its relay.
+    for sub, title in ((tree, f"sanitize.{kind}: in-process cases"),
+                       (os.path.join(tree, "relay-cases"), f"sanitize.{kind}: relay cases")):
+        report(title, os.path.join(sub, "Testing"), labels if sub.endswith("relay-cases") else labels_of(tree), "  ")
+EOF
