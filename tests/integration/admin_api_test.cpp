@@ -114,7 +114,7 @@ class TaggedBackend {
 };
 
 // The tag of the backend serving `fd`, or 0 if none answered within the timeout.
-char servedBy(const Fd& fd, Millis timeout = Millis{5'000}) {
+char servedBy(const Fd& fd, Millis timeout = Millis{20'000}) {
     char tag = 0;
     IoResult r = readExactly(fd.get(), &tag, 1, timeout);
     return r.ok() ? tag : 0;
@@ -144,16 +144,18 @@ std::map<char, int> spread(const std::string& host, uint16_t port, int n) {
 
 // Clients opening short connections continuously (connect, read the tag, close), on two
 // threads, each started connection recorded with the moment it started. Bounded: at most
-// kMaxPerThread connections and 30 s per thread, about 200 a second per thread.
+// kMaxPerThread connections and 60 s per thread, about 200 a second per thread.
 class ClientLoad {
   public:
+    static constexpr int kThreads = 2;
     struct Visit {
         Clock::time_point started;
         char tag = 0;  // 0: no backend answered
+        int thread = 0;
     };
 
     ClientLoad(std::string host, uint16_t port) : host_(std::move(host)), port_(port) {
-        for (int i = 0; i < 2; ++i) threads_.emplace_back([this] { run(); });
+        for (int i = 0; i < kThreads; ++i) threads_.emplace_back([this, i] { run(i); });
     }
     ~ClientLoad() { stop(); }
     void stop() {
@@ -176,14 +178,30 @@ class ClientLoad {
     bool waitForTotal(size_t n, Millis timeout) const {
         return waitUntil([&] { return total() >= n; }, timeout);
     }
+    // Each thread finished a connection it started at or after `since`: every connection any
+    // thread started before `since` is over (a thread runs one at a time).
+    bool waitEachThreadPast(Clock::time_point since, Millis timeout) const {
+        return waitUntil(
+            [&] {
+                std::lock_guard lock(mu_);
+                int past = 0;
+                for (int t = 0; t < kThreads; ++t)
+                    past += std::any_of(visits_.begin(), visits_.end(), [&](const Visit& v) {
+                        return v.thread == t && v.started >= since;
+                    });
+                return past == kThreads;
+            },
+            timeout);
+    }
 
   private:
-    static constexpr int kMaxPerThread = 6000;
+    static constexpr int kMaxPerThread = 12000;
 
-    void run() {
+    void run(int thread) {
         const auto begin = Clock::now();
-        for (int i = 0; i < kMaxPerThread && !stop_.load() && secondsSince(begin) < 30; ++i) {
+        for (int i = 0; i < kMaxPerThread && !stop_.load() && secondsSince(begin) < 60; ++i) {
             Visit v;
+            v.thread = thread;
             v.started = Clock::now();
             Connected c = connectTo(host_, port_, Millis{2'000});
             if (c.fd) {
@@ -529,7 +547,7 @@ TEST_F(AdminApiTest, ListsClustersAndBackends) {
 }
 
 // =============================================================================================
-// 2 and 3. drain and maint under load, in every data path (drain) and with health checks
+// 2 and 3. drain and maint under load, and with health checks
 // (maint): from the moment the change is answered no new connection reaches A, A's connection
 // opened before keeps relaying byte-exact until its client ends it, and `ready` brings A back.
 
@@ -571,8 +589,14 @@ class AdminLoadTest : public AdminApiTest {
                                            .active = -1,
                                            .takes_new_connections = false}));
 
-        // Connections picked before the answer may still be connecting to A: let them land.
-        std::this_thread::sleep_for(Millis{300});
+        // Connections picked before the answer may still be connecting to A: they are over once
+        // each load thread finished one it started after the answer.
+        ASSERT_TRUE(load.waitEachThreadPast(changed_at, Millis{20'000})) << "the load stalled";
+        if (checks) {
+            // A check of A that started before the answer ends within its timeout (500 ms);
+            // counted or not, it is over before the snapshot below.
+            std::this_thread::sleep_until(changed_at + Millis{600});
+        }
         ASSERT_TRUE(exchange(live.get(), seed++)) << "the live connection to A stopped relaying";
         const double a_conns = metricOr(metric::kBackendConnectionsTotal, la);
         const double b_conns = metricOr(metric::kBackendConnectionsTotal, lb);
@@ -580,12 +604,15 @@ class AdminLoadTest : public AdminApiTest {
         const double a_checks = checksOf(la), b_checks = checksOf(lb);
         const size_t total_before = load.total();
 
-        // A second of load (and of the live connection relaying) with A out.
-        for (int i = 0; i < 5; ++i) {
-            std::this_thread::sleep_for(Millis{200});
+        // Load, and the live connection relaying, with A out: at least a second, five exchanges
+        // and 40 more connections, however long a loaded machine takes for them.
+        const auto out_since = Clock::now();
+        for (int i = 0; i < 5 || load.total() <= total_before + 40 || secondsSince(out_since) < 1;
+             ++i) {
+            ASSERT_LT(secondsSince(out_since), 30.0) << "the load stalled at " << load.total();
             ASSERT_TRUE(exchange(live.get(), seed++)) << "exchange " << i << " during " << state;
+            std::this_thread::sleep_for(Millis{200});  // pacing: the load runs meanwhile
         }
-        ASSERT_GT(load.total(), total_before + 40) << "the load stalled";
         const auto since = load.servedSince(changed_at);
         EXPECT_EQ(since.count('a') ? since.at('a') : 0, 0)
             << "connections started after the " << state << " answer reached A";
@@ -614,13 +641,19 @@ class AdminLoadTest : public AdminApiTest {
                                   .takes_new_connections = false}));
         if (checks) {
             // maint: A is not checked (B is, every 100 ms); drain would go on checking.
-            const bool checked = state != "maint";
-            const double a_now = checksOf(la);
-            if (checked)
-                EXPECT_GT(a_now, a_checks) << "health checks of A stopped in " << state;
-            else
-                EXPECT_EQ(a_now, a_checks) << "health checks of A went on in " << state;
-            EXPECT_GE(checksOf(lb), b_checks + 4) << "B's health checks should go on";
+            EXPECT_TRUE(relay_.waitForMetric(
+                metric::kBackendChecksTotal, lb, [&](double v) { return v >= b_checks + 4; },
+                ">= " + std::to_string(b_checks + 4)))
+                << "B's health checks should go on";
+            if (state != "maint") {
+                EXPECT_TRUE(relay_.waitForMetric(
+                    metric::kBackendChecksTotal, la, [&](double v) { return v > a_checks; },
+                    "> " + std::to_string(a_checks)))
+                    << "health checks of A stopped in " << state;
+            } else {
+                // A second at least has passed since the snapshot: ten of B's intervals.
+                EXPECT_EQ(checksOf(la), a_checks) << "health checks of A went on in " << state;
+            }
         }
 
         // The live connection to A ends when its client ends it, every byte echoed.
@@ -661,7 +694,9 @@ TEST_P(AdminDrainTest, DrainStopsNewConnectionsWhileALiveOneFinishes) {
     drainUnderLoad("drain", GetParam(), /*checks=*/false);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, AdminDrainTest, ::testing::ValuesIn(kModes), modeName);
+// drain decides where new connections go; the live connection's data path is untouched by it
+// (the relay suites cover each path): splice only.
+INSTANTIATE_TEST_SUITE_P(Modes, AdminDrainTest, ::testing::Values("splice"), modeName);
 
 // maint as drain, and A's health checks stop (B's go on) until it is ready again.
 TEST_F(AdminLoadTest, MaintStopsNewConnectionsAndHealthChecks) {
@@ -757,7 +792,7 @@ TEST_F(AdminApiTest, ShutdownEndsOnlyThatBackendsConnections) {
     EXPECT_TRUE(backendReply(post(backendPath(a.address()), "{\"shutdown\": true}"),
                              {.address = a.address(), .active = -1}));
     for (size_t i = 0; i < of_a.size(); ++i) {
-        IoResult end = waitForPeerClose(of_a[i].get(), Millis{5'000});
+        IoResult end = waitForPeerClose(of_a[i].get(), Millis{15'000});
         EXPECT_TRUE(endedByPeer(end)) << "A's client " << i << ": " << end.describe();
     }
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("admin_shutdown"), 3));
@@ -1205,13 +1240,14 @@ TEST_F(AdminApiTest, ReloadKeepsChangesOfKeptBackendsOnly) {
 // =============================================================================================
 // 9. The API's HTTP server under a hostile client, as /metrics': idle connections past
 // max_connections cannot keep a request from being answered; a trickled request is closed at
-// request_timeout.
+// request_timeout (3 s: far enough above what a loaded machine takes to answer a request that
+// "answered at once" and "answered once an idle connection timed out" are told apart).
 
 TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
     TaggedBackend a('a');
     ASSERT_TRUE(a.ok()) << a.error();
     ASSERT_NO_FATAL_FAILURE(startWith({{a.address()}}, "splice", "    balance: round_robin\n",
-                                      "  request_timeout: 1s\n  max_connections: 4\n"));
+                                      "  request_timeout: 3s\n  max_connections: 4\n"));
     const Labels evicted = {{"reason", "evicted"}}, timed_out = {{"reason", "timeout"}};
 
     // 60 idle connections against a cap of 4: every request meanwhile is answered at once.
@@ -1223,18 +1259,29 @@ TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
         ApiReply r = get("/api/v1/clusters");
         EXPECT_EQ(r.status, 200) << "request " << i << " with " << kIdle << " idle connections: "
                                  << r.describe();
-        EXPECT_LT(secondsSince(t0), 1.0) << "request " << i;
+        // A loopback request takes milliseconds; 2 s is room for a loaded 2-core machine and
+        // still short of the 3 s a request queued behind the idle connections would wait.
+        EXPECT_LT(secondsSince(t0), 2.0) << "request " << i;
     }
     EXPECT_TRUE(relay_.waitForMetric(kAdminRejected, evicted,
                                      [](double v) { return v >= kIdle - 4; },
                                      ">= " + std::to_string(kIdle - 4)));
-    EXPECT_EQ(closedByPeer(idle, Millis{5'000}), kIdle)
+    EXPECT_EQ(closedByPeer(idle, Millis{15'000}), kIdle)
         << "every idle connection is closed (evicted, or at request_timeout)";
     idle.clear();
+    // Each idle connection is counted once, evicted or timed out, just after the close its
+    // client saw: wait for all of them before taking the timeouts' count.
+    EXPECT_TRUE(waitUntil(
+        [&] {
+            return metricOr(kAdminRejected, evicted) + metricOr(kAdminRejected, timed_out) >= kIdle;
+        },
+        Millis{10'000}))
+        << "evicted " << metricOr(kAdminRejected, evicted) << ", timed out "
+        << metricOr(kAdminRejected, timed_out) << " of " << kIdle;
     const double timeouts = metricOr(kAdminRejected, timed_out);
 
     // Two requests trickled a byte every 100 ms: one in its headers, one in its body. Each is
-    // closed about request_timeout (1 s) after it connected.
+    // closed about request_timeout (3 s) after it connected.
     const std::string head = "GET /api/v1/clusters HTTP/1.1\r\nHost: x\r\nX-Slow: ";
     const std::string body_head = "POST " + backendPath(a.address()) +
                                   " HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\n\r\n{\"state\":";
@@ -1247,7 +1294,7 @@ TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
     }
     const auto t0 = Clock::now();
     std::vector<double> closed_after(slow.size(), -1);
-    while (secondsSince(t0) < 5.0 &&
+    while (secondsSince(t0) < 15.0 &&
            std::count(closed_after.begin(), closed_after.end(), -1.0) > 0) {
         for (size_t i = 0; i < slow.size(); ++i) {
             if (closed_after[i] >= 0) continue;
@@ -1261,9 +1308,10 @@ TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
         std::this_thread::sleep_for(Millis{100});
     }
     for (size_t i = 0; i < slow.size(); ++i) {
-        EXPECT_GE(closed_after[i], 0.7) << "trickled request " << i << " closed too early";
-        EXPECT_LE(closed_after[i], 3.0) << "trickled request " << i
-                                        << " not closed at request_timeout 1s (-1: never)";
+        EXPECT_GE(closed_after[i], 2.7) << "trickled request " << i << " closed too early";
+        // Trickled for ever unless the deadline holds; 10 s bounds a timer of 3 s on any load.
+        EXPECT_LE(closed_after[i], 10.0)
+            << "trickled request " << i << " not closed at request_timeout 3s (-1: never)";
     }
     EXPECT_TRUE(relay_.waitForMetric(kAdminRejected, timed_out, timeouts + 2));
     // Nothing the trickled POST held was applied.

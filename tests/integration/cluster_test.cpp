@@ -171,7 +171,7 @@ Fd connectFrom(const std::string& source, uint16_t port) {
 
 // The tag of the backend serving `fd`, or 0 if none answered within the timeout (the relay
 // closed the client, or no backend took it).
-char servedBy(const Fd& fd, Millis timeout = Millis{5'000}) {
+char servedBy(const Fd& fd, Millis timeout = Millis{20'000}) {
     char tag = 0;
     IoResult r = readExactly(fd.get(), &tag, 1, timeout);
     return r.status == IoStatus::Ok ? tag : 0;
@@ -348,10 +348,11 @@ TEST_F(ClusterTest, HealthChecksTakeABackendDownAndBringItBack) {
 
     b.stopListening();  // its checks are refused from now on
     auto t0 = Clock::now();
-    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 0));
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 0, Millis{15'000}));
     double down_after = secondsSince(t0);
-    // fall 2 at 100 ms: two failed checks, ~0.1-0.3 s; generous for a loaded machine.
-    EXPECT_LT(down_after, 3.0);
+    // fall 2 at 100 ms: two failed checks, ~0.1-0.3 s. 10 s is what a loaded 2-core machine
+    // guarantees, and still tells checks that work from checks that never take it down.
+    EXPECT_LT(down_after, 10.0);
     std::printf("health check: down %.3f s after the backend stopped (fall 2, interval 100ms)\n",
                 down_after);
     for (int i = 0; i < 6; ++i) {
@@ -368,8 +369,8 @@ TEST_F(ClusterTest, HealthChecksTakeABackendDownAndBringItBack) {
 
     ASSERT_TRUE(b.listenAgain());
     t0 = Clock::now();
-    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 1));
-    EXPECT_LT(secondsSince(t0), 3.0);
+    ASSERT_TRUE(relay_.waitForMetric(metric::kBackendUp, lb, 1, Millis{15'000}));
+    EXPECT_LT(secondsSince(t0), 10.0);  // rise 2 at 100 ms: ~0.2 s; 10 s as above
     std::set<char> seen;
     for (int i = 0; i < 6; ++i) {
         Fd fd = client();
@@ -405,7 +406,9 @@ TEST_F(ClusterTest, NoBackendUpClosesClientsAtOnceAndCountsThem) {
     Fd fd = client();
     IoResult end = waitForPeerClose(fd.get(), Millis{5'000});
     EXPECT_TRUE(end.status == IoStatus::Eof || end.status == IoStatus::Reset) << end.describe();
-    EXPECT_LT(secondsSince(t0), 1.0) << "closed at once, not after a connect timeout";
+    // At once: the other way would be a connect_timeout (5 s, the default) later; 4 s is room
+    // for a loaded 2-core machine.
+    EXPECT_LT(secondsSince(t0), 4.0) << "closed at once, not after a connect timeout";
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("no_backend"), 1));
 }
 
@@ -433,7 +436,7 @@ TEST_F(ClusterTest, ConnectFailuresRetryElsewhereAndEjectTheBackend) {
     // fail_timeout 1s: b is tried again (and ejected again).
     EXPECT_TRUE(relay_.waitForMetric(metric::kBackendTransitionsTotal,
                                      {{"cluster", "app"}, {"backend", b}, {"to", "up"}}, 1,
-                                     Millis{5'000}));
+                                     Millis{15'000}));
 }
 
 class UnixBackendTest : public ClusterTest, public ::testing::WithParamInterface<const char*> {};
@@ -530,7 +533,7 @@ TEST_F(ClusterTest, AcceptedProxyAddressFeedsSourceHashAndTheAccessLog) {
             text = readFileText(log);
             return std::count(text.begin(), text.end(), '\n') >= 60;
         },
-        Millis{5'000});
+        Millis{15'000});
     EXPECT_NE(text.find(" 198.51.100.7:40000 app/"), std::string::npos) << text.substr(0, 400);
     EXPECT_EQ(text.find(" 127.0.0.1:"), std::string::npos)
         << "the proxy's address, not the client's";
@@ -665,17 +668,17 @@ TEST_F(ClusterTest, ReadyzFollowsBackendsAndDrainHealthzStaysUp) {
         auto r = relay_.get(path);
         return r ? r->status : -1;
     };
-    ASSERT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{5'000}));
+    ASSERT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{15'000}));
     EXPECT_EQ(relay_.get("/readyz")->body, "listener t: no backend of cluster app is up\n");
     EXPECT_EQ(status("/healthz"), 200);
     ASSERT_TRUE(a.listenAgain());
-    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 200; }, Millis{5'000}));
+    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 200; }, Millis{15'000}));
     EXPECT_EQ(relay_.get("/readyz")->body, "ready\n");
 
     Fd held = client();  // keeps the drain going while we look
     ASSERT_EQ(servedBy(held), 'a');
     ASSERT_TRUE(relay_.sendSignal(SIGTERM));
-    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{5'000}));
+    EXPECT_TRUE(waitUntil([&] { return status("/readyz") == 503; }, Millis{15'000}));
     EXPECT_EQ(relay_.get("/readyz")->body, "draining\n");
     EXPECT_EQ(status("/healthz"), 200);
     EXPECT_EQ(relay_.metric("zcrelay_draining"), 1.0);

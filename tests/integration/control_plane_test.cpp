@@ -18,11 +18,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/loopback.hpp"
@@ -36,7 +38,11 @@ constexpr const char* kRejected = "zcrelay_metrics_endpoint_rejected_total";
 constexpr const char* kEndpointConnections = "zcrelay_metrics_endpoint_connections";
 constexpr const char* kSignalsTotal = "zcrelay_signals_total";
 // What a Kubernetes probe waits by default (timeoutSeconds: 1) before it counts a failure.
-constexpr Millis kProbeTimeout{1'000};
+// A Kubernetes probe's default timeout is 1 s. On a loaded 2-core machine a loopback request
+// can take longer than that without anything wrong, so the bound is 3 s: still short of the 5 s
+// request_timeout a probe queued behind the idle connections would wait for.
+constexpr Millis kProbeBound{3'000};
+constexpr Millis kProbeTimeout{4'500};  // the probe's I/O deadline, also short of 5 s
 
 Labels why(const char* reason) { return {{"reason", reason}}; }
 
@@ -172,7 +178,7 @@ TEST_P(EndpointSiege, ProbesAreAnsweredWhileIdleConnectionsHoldTheEndpoint) {
         ASSERT_TRUE(r.error.empty()) << "probe " << i << " " << path << " with " << hostile
                                      << " idle connections open: " << r.error;
         EXPECT_EQ(r.status, 200) << path << ": " << r.head;
-        EXPECT_LT(r.seconds, kProbeTimeout.count() / 1000.0) << "probe " << i;
+        EXPECT_LT(r.seconds, kProbeBound.count() / 1000.0) << "probe " << i;
     }
     auto scrape = relay_.scrape();
     ASSERT_TRUE(scrape) << "a scrape must be served too";
@@ -220,7 +226,8 @@ TEST_F(ControlPlaneTest, TricklingClientsAreClosedAtTheRequestDeadline) {
     const auto start = Clock::now();
     std::vector<bool> open(kClients, true);
     int still_open = kClients;
-    // Trickle for at most 8 s; the relay must end every one long before.
+    // Trickle for at most 8 s; the relay must end every one long before (8x its 1 s timer: room
+    // for a loaded 2-core machine, and a missing deadline would leave them open for ever).
     while (still_open > 0 && secondsSince(start) < 8) {
         for (int i = 0; i < kClients; ++i) {
             if (!open[i]) continue;
@@ -230,7 +237,7 @@ TEST_F(ControlPlaneTest, TricklingClientsAreClosedAtTheRequestDeadline) {
                 --still_open;
             }
         }
-        std::this_thread::sleep_for(Millis{200});
+        std::this_thread::sleep_for(Millis{200});  // the trickle's pace, not a wait
         for (int i = 0; i < kClients; ++i) {
             char buf[256];
             if (open[i] && ::recv(clients[i].get(), buf, sizeof buf, MSG_DONTWAIT) == 0) {
@@ -254,11 +261,13 @@ TEST_F(ControlPlaneTest, RefusesBodiesMethodsOversizedRequestsAndUnknownPaths) {
     const uint16_t port = relay_.metricsPort();
 
     Reply body = roundTrip(port,
-                          "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: "
-                          "9223372036854775807\r\n\r\nabc",
-                          Millis{2'000});
+                           "GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                           "9223372036854775807\r\n\r\nabc",
+                           kProbeTimeout);
     EXPECT_EQ(body.status, 413) << body.error << body.head;
-    EXPECT_LT(body.seconds, 1.0) << "refused at once, and the connection closed";
+    // At once: the other way is request_timeout (5 s) later. kProbeBound, as for the probes.
+    EXPECT_LT(body.seconds, kProbeBound.count() / 1000.0)
+        << "refused at once, and the connection closed";
 
     Reply post = roundTrip(port, "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
     EXPECT_EQ(post.status, 405) << post.error << post.head;
@@ -291,7 +300,7 @@ TEST_F(ControlPlaneTest, RefusesBodiesMethodsOversizedRequestsAndUnknownPaths) {
         std::string text;
         while (text.find("ready\n") == std::string::npos) {
             char buf[512];
-            IoResult r = readSome(c.fd.get(), buf, sizeof buf, Millis{2'000});
+            IoResult r = readSome(c.fd.get(), buf, sizeof buf, Millis{10'000});
             ASSERT_TRUE(r.ok()) << "request " << i << " on a kept-alive connection: "
                                 << r.describe() << " after " << text;
             text.append(buf, r.bytes);
@@ -323,9 +332,10 @@ TEST_F(ControlPlaneTest, NulBytesAndAmbiguousLengthsAreRefusedWith400) {
         "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
     };
     for (const std::string& request : refused) {
-        Reply r = roundTrip(port, request, Millis{2'000});
+        Reply r = roundTrip(port, request, kProbeTimeout);
         EXPECT_EQ(r.status, 400) << r.error << r.head << "\nfor " << request;
-        EXPECT_LT(r.seconds, 1.0) << "closed at once after the 400";
+        // At once, not at request_timeout (5 s): kProbeBound, as for the probes.
+        EXPECT_LT(r.seconds, kProbeBound.count() / 1000.0) << "closed at once after the 400";
         EXPECT_EQ(r.body.find("ok"), std::string::npos) << "the probe answered: " << r.body;
     }
     EXPECT_TRUE(relay_.waitForMetric(kRejected, why("bad_request"), refused.size()));
@@ -543,7 +553,8 @@ TEST_F(ControlPlaneTest, AReaderPastTheDeadlineIsKilledAndTheReloadRefused) {
                readFileText("/proc/" + std::to_string(readers[0]) + "/cmdline")
                        .find("--dump-config") != std::string::npos;
     };
-    ASSERT_TRUE(waitUntil(execd, Millis{2'000})) << "no reader process appeared";
+    // Well inside the reader's 10 s: it needs about 9 s to fault its memory in.
+    ASSERT_TRUE(waitUntil(execd, Millis{5'000})) << "no reader process appeared";
     ASSERT_EQ(::kill(readers[0], SIGSTOP), 0) << std::strerror(errno);
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kConfigReloadsTotal, {{"result", "failure"}}, 1,
@@ -602,14 +613,17 @@ TEST_P(ControlPlaneDuringTransfer, BadReloadsAndStraySignalsLeaveTheTransferExac
     }
     ASSERT_NO_FATAL_FAILURE(pointConfigAt(config, scratch.writeFile("good.yaml", good)));
 
-    for (int sig : {SIGUSR1, SIGUSR2, SIGALRM, SIGTTIN, SIGTTOU, SIGWINCH, SIGUSR2, SIGUSR1}) {
+    // Each signal is counted before the next is sent: a second SIGUSR1 sent while the first is
+    // still pending would merge with it.
+    const std::vector<std::pair<int, std::string>> signals = {
+        {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"},   {SIGALRM, "SIGALRM"}, {SIGTTIN, "SIGTTIN"},
+        {SIGTTOU, "SIGTTOU"}, {SIGWINCH, "SIGWINCH"}, {SIGUSR2, "SIGUSR2"}, {SIGUSR1, "SIGUSR1"}};
+    std::map<std::string, double> counted;
+    for (const auto& [sig, name] : signals) {
         ASSERT_TRUE(relay.sendSignal(sig));
-        std::this_thread::sleep_for(Millis{20});
+        EXPECT_TRUE(relay.waitForMetric(kSignalsTotal, {{"signal", name}}, ++counted[name]))
+            << name;
     }
-    for (const char* name : {"SIGUSR2", "SIGUSR1"})
-        EXPECT_TRUE(relay.waitForMetric(kSignalsTotal, {{"signal", name}}, 2)) << name;
-    for (const char* name : {"SIGALRM", "SIGTTIN", "SIGTTOU", "SIGWINCH"})
-        EXPECT_TRUE(relay.waitForMetric(kSignalsTotal, {{"signal", name}}, 1)) << name;
     EXPECT_TRUE(relay.running()) << relay.diagnostics();
     EXPECT_EQ(relay.metric(metric::kConfigReloadsTotal, {{"result", "success"}}), 0.0);
 

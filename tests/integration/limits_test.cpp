@@ -165,6 +165,7 @@ TEST_F(FdLimits, AcceptPausesAtTheFdBudgetServesLiveConnectionsAndResumes) {
 
     // Paused, not spinning: a retry loop on EMFILE would burn a whole CPU.
     double cpu0 = cpuSeconds(relay_.pid());
+    // The sleep is the measurement window: load can only lower the relay's CPU time in it.
     std::this_thread::sleep_for(Millis{1'000});
     double cpu = cpuSeconds(relay_.pid()) - cpu0;
     EXPECT_LT(cpu, 0.3) << "relay used " << cpu << " s of CPU in 1 s while paused";
@@ -224,6 +225,7 @@ TEST_P(FdLimitsByMode, EmfileUnderARunningRelayPausesAndLosesNoClient) {
     ASSERT_TRUE(waitUntil([&] { return up_.accepted() >= 6; }, Millis{10'000}))
         << "the relay forwarded only " << up_.accepted() << " connections";
     double cpu0 = cpuSeconds(relay_.pid());
+    // The sleep is the measurement window: load can only lower the relay's CPU time in it.
     std::this_thread::sleep_for(Millis{1'000});
     double cpu = cpuSeconds(relay_.pid()) - cpu0;
     EXPECT_LT(cpu, 0.3) << "relay used " << cpu << " s of CPU in 1 s while out of fds";

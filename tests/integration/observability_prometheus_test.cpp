@@ -241,7 +241,7 @@ class Prometheus {
     ::testing::AssertionResult waitFor(const std::string& promql,
                                        const std::function<bool(double)>& ok,
                                        const std::string& expectation,
-                                       Millis timeout = Millis{10'000}) const {
+                                       Millis timeout = Millis{30'000}) const {
         auto deadline = Clock::now() + timeout;
         std::string error;
         std::optional<double> last;
@@ -302,7 +302,7 @@ TEST_P(PrometheusScrape, StoresTheExactBytesOfATransfer) {
     for (int i = 0; i < kChunks; ++i) {
         IoResult sent = sendPayloadAt(client.fd.get(), kSeed, i * kChunk, kChunk, Millis{10'000});
         ASSERT_TRUE(sent.ok()) << "chunk " << i << ": " << sent.describe();
-        std::this_thread::sleep_for(Millis{150});
+        std::this_thread::sleep_for(Millis{150});  // pacing: scrapes land inside the transfer
     }
     ::shutdown(client.fd.get(), SHUT_WR);
     std::string reply;
@@ -391,7 +391,11 @@ TEST_P(PrometheusScrape, StoresTheExactBytesOfATransfer) {
     EXPECT_TRUE(relay.terminate().cleanExit()) << relay.diagnostics();
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PrometheusScrape, ::testing::ValuesIn(kModes),
+// What Prometheus makes of the counters. Splice and copy count a direction's bytes as their
+// completions come; sockmap's are what the kernel moved, read from the BPF program's counters on
+// the relay's sweep and at close: splice and sockmap cover both ways of counting (MetricsTest
+// checks copy's totals).
+INSTANTIATE_TEST_SUITE_P(Modes, PrometheusScrape, ::testing::Values("splice", "sockmap"),
                          [](const auto& info) { return info.param; });
 
 // Every dashboard query and every rule, evaluated by Prometheus over a relay that ran traffic
@@ -430,7 +434,7 @@ TEST(PrometheusEvaluates, EveryDashboardQueryAndRule) {
 
     // Rules: wait for an evaluation of every rule (health "unknown" before), then all "ok".
     std::vector<std::string> problems;
-    auto deadline = Clock::now() + Millis{10'000};
+    auto deadline = Clock::now() + Millis{30'000};
     size_t rules_seen = 0;
     do {
         problems.clear();

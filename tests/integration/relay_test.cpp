@@ -27,7 +27,10 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeedA = 0xA11CE;
 constexpr uint64_t kSeedB = 0xB0B;
-constexpr Millis kPrompt{2'000};  // "promptly": the bound for closes the relay must propagate
+// "promptly": the bound for closes and bytes the relay must pass on. Loopback takes microseconds;
+// 10 s is room for a loaded 2-core machine, and what it catches (a FIN or bytes left waiting for
+// an event that never comes, or for idle_timeout's 300 s) waits far longer.
+constexpr Millis kPrompt{10'000};
 
 // Base fixture: one relay per test, listener "t" in mode GetParam() (or the given mode).
 class RelayFixture {
@@ -346,7 +349,8 @@ TEST_P(UpstreamPortSearchTest, TheUpstreamSocketHasAPerSocketPortRange) {
     EXPECT_EQ(range, 0xffff0000u) << "low 0 and high 65535: the sysctl's own bounds";
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, UpstreamPortSearchTest, ::testing::ValuesIn(kModes), modeName);
+// Set on the socket before its connect, before any data path: splice only.
+INSTANTIATE_TEST_SUITE_P(Modes, UpstreamPortSearchTest, ::testing::Values("splice"), modeName);
 
 // =============================================================================================
 // 2. Half-close: a FIN is a SHUT_WR on the other side; the other direction keeps flowing.
@@ -505,11 +509,13 @@ TEST_P(ConnectFailureTest, RefusedUpstreamClosesClientPromptlyAndCountsRefused) 
     auto t0 = Clock::now();
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << "the relay's listener itself must accept: " << client.error;
-    IoResult end = waitForPeerClose(client.fd.get(), Millis{5'000});
+    IoResult end = waitForPeerClose(client.fd.get(), Millis{10'000});
     double elapsed = secondsSince(t0);
     EXPECT_TRUE(endedByPeer(end)) << "client should see EOF or RST when the upstream refuses; got "
                                   << end.describe();
-    EXPECT_LT(elapsed, 2.0) << "client must be closed at once when the upstream refuses";
+    // At once: the other way would be connect_timeout (5 s) later; 4 s is room for a loaded
+    // 2-core machine.
+    EXPECT_LT(elapsed, 4.0) << "client must be closed at once when the upstream refuses";
 
     // `upstream:` is a cluster of one backend with the default retries: 2, so the refusal is
     // met three times, all within the one connect_timeout.
@@ -537,11 +543,12 @@ TEST_P(ConnectFailureTest, UpstreamThatDropsSynTimesOutClosesClientAndCountsTime
     auto t0 = Clock::now();
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
-    IoResult end = waitForPeerClose(client.fd.get(), Millis{5'000});
+    IoResult end = waitForPeerClose(client.fd.get(), Millis{10'000});
     double elapsed = secondsSince(t0);
     EXPECT_TRUE(endedByPeer(end)) << "client should see EOF or RST after connect_timeout; got "
                                   << end.describe();
-    EXPECT_LT(elapsed, 2.0) << "connect_timeout is 300ms; the client must be closed soon after";
+    // 5 s: room for a loaded 2-core machine, and a connect that never times out still fails.
+    EXPECT_LT(elapsed, 5.0) << "connect_timeout is 300ms; the client must be closed soon after";
     EXPECT_GE(elapsed, 0.25) << "closed before connect_timeout (300ms) could have expired";
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectFailuresTotal, metric::reason("timeout"), 1));
@@ -549,7 +556,8 @@ TEST_P(ConnectFailureTest, UpstreamThatDropsSynTimesOutClosesClientAndCountsTime
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, ConnectFailureTest, ::testing::ValuesIn(kModes), modeName);
+// A failed connect closes a client no data path has started for: splice only.
+INSTANTIATE_TEST_SUITE_P(Modes, ConnectFailureTest, ::testing::Values("splice"), modeName);
 
 // =============================================================================================
 // 5. Resets mid-stream propagate promptly.
@@ -573,16 +581,18 @@ TEST_P(ResetTest, ClientResetMidStreamClosesUpstreamPromptlyAndCountsClientReset
 
     auto t0 = Clock::now();
     closeWithReset(client.fd);
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}))
-        << "the upstream was still sending 5 s after the client's RST: the relay did not close it";
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}))
+        << "the upstream was still sending 15 s after the client's RST: the relay did not close it";
     ConnRecord rec = up.records().at(0);
     double elapsed = std::chrono::duration<double>(rec.ended_at - t0).count();
     EXPECT_NE(rec.write_end.status, IoStatus::Ok)
         << "the upstream's send should fail (RST/EPIPE) once the relay closes it: "
         << rec.describe();
     EXPECT_LT(rec.bytes_sent, kEndless) << rec.describe();
-    EXPECT_LT(elapsed, 2.0) << "upstream must see the close promptly after the client's RST; "
-                            << rec.describe();
+    // Promptly: without it the connection would live to idle_timeout (300 s); 10 s is room for
+    // a loaded 2-core machine.
+    EXPECT_LT(elapsed, 10.0) << "upstream must see the close promptly after the client's RST; "
+                             << rec.describe();
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1));
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
@@ -606,10 +616,11 @@ TEST_P(ResetTest, UpstreamResetMidStreamClosesClientPromptlyAndCountsUpstreamRes
         << "what did arrive must be an intact prefix; " << got.describe();
     EXPECT_LE(got.bytes, kMiB) << got.describe();
 
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}));
     ConnRecord rec = up.records().at(0);
     double elapsed = std::chrono::duration<double>(client_end - rec.ended_at).count();
-    EXPECT_LT(elapsed, 2.0) << "client must see the close promptly after the upstream's RST";
+    // As above: idle_timeout (300 s) is the other way; 10 s is room for a loaded machine.
+    EXPECT_LT(elapsed, 10.0) << "client must see the close promptly after the upstream's RST";
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("upstream_reset"), 1));
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
@@ -859,7 +870,7 @@ TEST_P(ManyConnectionsTest, ThousandShortConnectionsLeakNoFileDescriptors) {
             return exact ? (last == expected || last == expected + 1)
                          : (last >= 0 && last <= *baseline + kPoolAllowanceFds);
         },
-        Millis{5'000});
+        Millis{20'000});
     if (exact) {
         EXPECT_TRUE(settled) << "open fds: baseline " << *baseline << ", now " << last
                              << ", expected " << expected << " (baseline + 2 x pipes cached)";
@@ -877,7 +888,9 @@ INSTANTIATE_TEST_SUITE_P(Modes, ManyConnectionsTest, ::testing::ValuesIn(kModes)
 
 class IdleTimeoutTest : public RelayModeTest {
   protected:
-    static void shortIdle(RelayConfig& c) { c.listeners[0].idle_timeout = "300ms"; }
+    // 1 s: a trickle every 100 ms stays far inside it even when a loaded machine holds the
+    // client thread back for a few hundred ms.
+    static void shortIdle(RelayConfig& c) { c.listeners[0].idle_timeout = "1s"; }
 };
 
 TEST_P(IdleTimeoutTest, SilentConnectionIsClosedAfterIdleTimeout) {
@@ -887,11 +900,12 @@ TEST_P(IdleTimeoutTest, SilentConnectionIsClosedAfterIdleTimeout) {
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
 
-    IoResult end = waitForPeerClose(client.fd.get(), Millis{5'000});
+    IoResult end = waitForPeerClose(client.fd.get(), Millis{15'000});
     double elapsed = secondsSince(t0);
     EXPECT_TRUE(endedByPeer(end)) << "an idle connection must be closed; got " << end.describe();
-    EXPECT_LT(elapsed, 2.0) << "idle_timeout is 300ms";
-    EXPECT_GE(elapsed, 0.25) << "closed before idle_timeout (300ms) could have expired";
+    // 10 s: room for a loaded 2-core machine; a timer that never fires still fails.
+    EXPECT_LT(elapsed, 10.0) << "idle_timeout is 1s";
+    EXPECT_GE(elapsed, 0.9) << "closed before idle_timeout (1s) could have expired";
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("idle_timeout"), 1));
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
 }
@@ -902,20 +916,20 @@ TEST_P(IdleTimeoutTest, TricklingConnectionIsNotClosedByIdleTimeout) {
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
 
-    // One byte every 100 ms for over a second: never 300 ms without traffic.
+    // One byte every 100 ms for 2.5 s, more than twice idle_timeout: never 1 s without traffic.
     auto start = Clock::now();
-    for (int i = 0; secondsSince(start) < 1.2; ++i) {
-        ASSERT_LT(i, 50) << "loop bound";
+    for (int i = 0; secondsSince(start) < 2.5; ++i) {
+        ASSERT_LT(i, 100) << "loop bound";
         uint8_t b = static_cast<uint8_t>(i);
         uint8_t back = 0;
-        IoResult w = writeAll(client.fd.get(), &b, 1, Millis{2'000});
+        IoResult w = writeAll(client.fd.get(), &b, 1, Millis{10'000});
         ASSERT_TRUE(w.ok()) << "byte " << i << " at " << secondsSince(start)
                             << " s: " << w.describe();
-        IoResult r = readExactly(client.fd.get(), &back, 1, Millis{2'000});
+        IoResult r = readExactly(client.fd.get(), &back, 1, Millis{10'000});
         ASSERT_TRUE(r.ok()) << "echo of byte " << i << " at " << secondsSince(start)
                             << " s: a trickling connection was closed: " << r.describe();
         ASSERT_EQ(back, b);
-        std::this_thread::sleep_for(Millis{100});
+        std::this_thread::sleep_for(Millis{100});  // the trickle's pace
     }
     EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("idle_timeout")), 0.0)
         << "no connection may have hit the idle timeout";
@@ -929,8 +943,10 @@ INSTANTIATE_TEST_SUITE_P(Modes, IdleTimeoutTest, ::testing::ValuesIn(kModes), mo
 // 12. Metrics.
 
 class MetricsTest : public RelayModeTest {};
+// The series a relay exports before any connection: naming, the same in every mode.
+class MetricsAtStartTest : public RelayModeTest {};
 
-TEST_P(MetricsTest, EveryLabelCombinationIsExportedAtZeroFromStart) {
+TEST_P(MetricsAtStartTest, EveryLabelCombinationIsExportedAtZeroFromStart) {
     ScriptedUpstream up(AF_INET, echoScript());
     ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
     std::string error;
@@ -980,6 +996,7 @@ TEST_P(MetricsTest, ThreeKnownTransfersAreCountedExactly) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, MetricsTest, ::testing::ValuesIn(kModes), modeName);
+INSTANTIATE_TEST_SUITE_P(Modes, MetricsAtStartTest, ::testing::Values("splice"), modeName);
 
 }  // namespace
 }  // namespace zcrelay::test

@@ -70,7 +70,7 @@ TEST_F(SockmapTest, BurstThenFinIntoSlowReader) {
     IoResult end = readUntilEof(client.fd.get(), reply, kBulkDeadline);
     EXPECT_EQ(end.status, IoStatus::Eof)
         << "the client waits for the upstream's FIN: " << end.describe();
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}));
     ConnRecord rec = up.records().at(0);
     EXPECT_FALSE(eof_early.load()) << "the upstream saw EOF before the last byte: the relay "
                                       "shut down its write side while the kernel still held "
@@ -126,7 +126,7 @@ TEST_F(SockmapTest, UpstreamResetMidStreamResetsClientPromptly) {
     EXPECT_LT(got.first_mismatch, 0) << "what arrived must be an intact prefix: " << got.describe();
     EXPECT_LE(got.bytes, kBeforeReset) << got.describe();
     EXPECT_LT(sent.bytes, kEndless) << sent.describe();
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}));
     ConnRecord rec = up.records().at(0);
     ASSERT_EQ(rec.note, "sent RST") << rec.describe();
     double elapsed = std::chrono::duration<double>(client_end - rec.ended_at).count();
@@ -163,8 +163,8 @@ TEST_F(SockmapTest, ClientResetMidStreamResetsUpstreamPromptly) {
 
     auto t0 = Clock::now();
     closeWithReset(client.fd);
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}))
-        << "the upstream was still sending 5 s after the client's RST";
+    ASSERT_TRUE(up.waitForFinished(1, kPrompt + Millis{5'000}))
+        << "the upstream was still sending 15 s after the client's RST";
     ConnRecord rec = up.records().at(0);
     EXPECT_EQ(rec.write_end.status, IoStatus::Reset)
         << "the upstream's send must fail with a reset: " << rec.describe();
@@ -211,7 +211,7 @@ TEST_F(SockmapTest, HalfCloseClientFinFirstThenUpstreamSends10MiB) {
         << "the whole response sent after the client's FIN: " << got.describe();
     EXPECT_LT(got.first_mismatch, 0) << got.describe();
 
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}));
     ConnRecord rec = up.records().at(0);
     EXPECT_EQ(rec.read_end.status, IoStatus::Eof) << rec.describe();
     EXPECT_EQ(rec.bytes_received, kRequest) << rec.describe();

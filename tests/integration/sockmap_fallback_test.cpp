@@ -121,7 +121,7 @@ TEST_F(SockmapTest, NotEstablishedFallsBackToSplice) {
     EXPECT_EQ(got.io.status, IoStatus::Eof) << got.describe();
     EXPECT_EQ(got.bytes, kResponse) << got.describe();
     EXPECT_LT(got.first_mismatch, 0) << got.describe();
-    ASSERT_TRUE(up.waitForFinished(1, Millis{5'000}));
+    ASSERT_TRUE(up.waitForFinished(1, Millis{15'000}));
     ConnRecord rec = up.records().at(0);
     EXPECT_EQ(rec.read_end.status, IoStatus::Eof) << rec.describe();
     EXPECT_EQ(rec.bytes_received, kRequest) << rec.describe();

@@ -595,7 +595,14 @@ void ScriptedUpstream::acceptLoop() {
             Fd conn(c);
             int one = 1;
             setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-            size_t index = accepted_.load();
+            // Counted before the script runs: once a client has seen anything the script sent,
+            // accepted() already includes its connection.
+            size_t index = 0;
+            {
+                std::lock_guard lock(mu_);
+                index = accepted_.fetch_add(1);
+            }
+            cv_.notify_all();
             if (!script_) {
                 held_.push_back(std::move(conn));
             } else {
@@ -622,11 +629,6 @@ void ScriptedUpstream::acceptLoop() {
                 });
                 workers_.push_back(std::move(w));
             }
-            {
-                std::lock_guard lock(mu_);
-                accepted_.fetch_add(1);
-            }
-            cv_.notify_all();
         }
     }
 }
