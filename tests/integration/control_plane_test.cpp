@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -203,6 +204,8 @@ TEST_P(EndpointSiege, ProbesAreAnsweredWhileIdleConnectionsHoldTheEndpoint) {
                                      "<= 1 (the scrape's own)"));
     expectRelaying();
 }
+ZCRELAY_LABEL(EndpointSiege, ProbesAreAnsweredWhileIdleConnectionsHoldTheEndpoint, "", kSanitizeSkip,
+              "mostly waits for deadlines; its HTTP server runs sanitized in HttpServerTest");
 
 INSTANTIATE_TEST_SUITE_P(Hostile, EndpointSiege, ::testing::Values(2, 200, 5000),
                          [](const ::testing::TestParamInfo<size_t>& info) {
@@ -433,6 +436,8 @@ TEST(ConfigFiles, ErrorsQuoteAtMostEightyBytesOfAValue) {
     EXPECT_NE(r.err.find("...(10485760 bytes) is not a valid name"), std::string::npos) << r.err.substr(0, 400);
     EXPECT_LT(r.err.size(), 400u) << "the error line quotes the whole value";
 }
+ZCRELAY_LABEL(ConfigFiles, ErrorsQuoteAtMostEightyBytesOfAValue, "", kCpuBound,
+              "parses 10 MiB of YAML against a deadline");
 
 // `bytes` of YAML that yaml-cpp needs about 250 times as much memory to hold: one-element
 // sequences, each a node of its own (1 MiB: 262,000 of them, 260 MiB).
@@ -490,7 +495,9 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
         const std::string& file;
         const char* message;
         const char* or_message;
-    } reloads[] = {{one, "listeners[0]: expected a map, got a sequence", nullptr},
+    } reloads[] = {{one, "listeners[0]: expected a map, got a sequence",
+                    // 260 MiB of nodes: under TSan, or on a loaded machine, past the deadline.
+                    "reading the config took longer than"},
                    {eight, "out of memory while loading the config",
                     "reading the config took longer than"}};
     double failures = 0;
@@ -520,6 +527,8 @@ TEST_F(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone) {
     ASSERT_NO_FATAL_FAILURE(exchangeOnce(live.get(), 12));
     EXPECT_EQ(probe(relay_.metricsPort(), "/healthz").status, 200);
 }
+ZCRELAY_LABEL(ControlPlaneTest, AConfigThatNeedsTooMuchMemoryCostsTheRelayNone, "", kCpuBound,
+              "faults in 1.5 GiB within the reader's 10 s deadline");
 
 // The children of `pid`, from every one of its threads' /proc children list.
 std::vector<pid_t> childrenOf(pid_t pid) {

@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/dns_server.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -805,6 +806,8 @@ TEST_P(DiscoveryScaleTest, FollowsScaleUpAndDownUnderLoadWithoutFailingAConnecti
     EXPECT_EQ(value(kFailing, cluster("web")), 0.0);
     EXPECT_GE(value(kResolutions, outcome("web", "success")), 3.0);
 }
+ZCRELAY_LABEL(DiscoveryScaleTest, FollowsScaleUpAndDownUnderLoadWithoutFailingAConnection, "sockmap", kSanitizeSkip,
+              "the publish path is the splice case's; sockmap's path runs elsewhere");
 
 // Discovery decides which backend a new connection gets. The connections kept on removed
 // backends run on, which in sockmap mode means map entries outliving their backend: splice and
@@ -1167,6 +1170,8 @@ TEST_F(DiscoveryTest, RefreshFollowsTheTtlClampedToRefreshMinAndMax) {
     EXPECT_LE(day_n, static_cast<size_t>(waited * 5 / 3) + 2) << "refresh_max 1s, not refresh_min";
     EXPECT_EQ(value(kChanges, cluster("web")), 1.0) << "the same answer is no change";
 }
+ZCRELAY_LABEL(DiscoveryTest, RefreshFollowsTheTtlClampedToRefreshMinAndMax, "", kSanitizeSkip,
+              "waits for the DNS server's query counts");
 
 // =============================================================================================
 // 7. Startup: fail stops the relay naming the cluster and the name; empty starts unready.

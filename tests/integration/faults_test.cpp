@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -345,6 +346,8 @@ TEST_P(ClientVanishesWithoutFin, IdleTimeoutEndsItWhileUpstreamBytesAreStuck) {
     EXPECT_TRUE(relay_.waitForMetric(metric::kPipesInUse, {}, 0));
     expectNothingArrived(client);
 }
+ZCRELAY_LABEL(ClientVanishesWithoutFin, IdleTimeoutEndsItWhileUpstreamBytesAreStuck, "", kSanitizeSkip,
+              "5 s of the kernel's keepalive and retransmission timers, ending in closes other cases run");
 
 // idle_timeout 300 s, keepalive on the client socket (idle 1 s, interval 1 s, count 2), and no
 // byte in flight: after ~3 s of unanswered probes the kernel fails the client socket with
@@ -363,6 +366,8 @@ TEST_P(ClientVanishesWithoutFin, KeepaliveEndsAnIdleConnectionAsClientReset) {
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
     expectNothingArrived(client);
 }
+ZCRELAY_LABEL(ClientVanishesWithoutFin, KeepaliveEndsAnIdleConnectionAsClientReset, "", kSanitizeSkip,
+              "5 s of the kernel's keepalive and retransmission timers, ending in closes other cases run");
 
 // The same keepalive, but the upstream sends 1 MiB after the client vanished: the relay's client
 // socket then holds unacknowledged bytes, and the kernel sends no keepalive probe while it
@@ -382,6 +387,8 @@ TEST_P(ClientVanishesWithoutFin, WithBytesInFlightKeepaliveIsSilentAndIdleTimeou
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
     expectNothingArrived(client);
 }
+ZCRELAY_LABEL(ClientVanishesWithoutFin, WithBytesInFlightKeepaliveIsSilentAndIdleTimeoutEndsIt, "", kSanitizeSkip,
+              "5 s of the kernel's keepalive and retransmission timers, ending in closes other cases run");
 
 // What bounds that case short of idle_timeout: tcp_keepalive.user_timeout (TCP_USER_TIMEOUT,
 // HAProxy's tcp-ut). Bytes unacknowledged for 3 s make the kernel fail the client socket with
@@ -400,6 +407,8 @@ TEST_P(ClientVanishesWithoutFin, WithBytesInFlightUserTimeoutEndsItAsClientReset
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
     expectNothingArrived(client);
 }
+ZCRELAY_LABEL(ClientVanishesWithoutFin, WithBytesInFlightUserTimeoutEndsItAsClientReset, "", kSanitizeSkip,
+              "5 s of the kernel's keepalive and retransmission timers, ending in closes other cases run");
 
 INSTANTIATE_TEST_SUITE_P(Modes, ClientVanishesWithoutFin, ::testing::ValuesIn(kModes), modeName);
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -439,6 +440,8 @@ TEST_P(LifetimeTest, WithoutFinTimeoutsHalfClosedConnectionsKeepRelayingTheOther
     EXPECT_EQ(backend.readEnd(*peer_c).status, IoStatus::Eof) << backend.describe(*peer_c);
     ASSERT_NO_FATAL_FAILURE(expectClosedAs("done", 2));
 }
+ZCRELAY_LABEL(LifetimeTest, WithoutFinTimeoutsHalfClosedConnectionsKeepRelayingTheOtherWay, "", kSanitizeSkip,
+              "3 s of a half-closed connection left alone");
 
 // =============================================================================================
 // max_connection_duration: a connection past its age is ended gracefully. Each side receives a
@@ -564,6 +567,8 @@ TEST_P(LifetimeTest, MaxDurationCountsFromEachConnectionsOwnStart) {
     EXPECT_LT(backend.endedAt(*peer_first), backend.endedAt(*peer_second));
     ASSERT_NO_FATAL_FAILURE(expectClosedAs("max_duration", 2));
 }
+ZCRELAY_LABEL(LifetimeTest, MaxDurationCountsFromEachConnectionsOwnStart, "", kSanitizeSkip,
+              "waits for a second deadline: the ending the download and upload cases run");
 
 // max_connection_duration_jitter: connections opened together end spread over the jitter, so
 // their clients do not all reconnect at once.
@@ -609,6 +614,8 @@ TEST_P(LifetimeTest, MaxDurationJitterSpreadsTheEndsOfConnectionsOpenedTogether)
     }
     ASSERT_NO_FATAL_FAILURE(expectClosedAs("max_duration", static_cast<double>(kConns)));
 }
+ZCRELAY_LABEL(LifetimeTest, MaxDurationJitterSpreadsTheEndsOfConnectionsOpenedTogether, "", kSanitizeSkip,
+              "waits for a spread: the ending the download and upload cases run");
 
 INSTANTIATE_TEST_SUITE_P(Modes, LifetimeTest, ::testing::ValuesIn(kModes), modeName);
 

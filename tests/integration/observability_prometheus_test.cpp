@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "integration/observability_fixture.hpp"
+#include "support/labels.hpp"
 
 namespace zcrelay::test::observability_test {
 namespace {
@@ -390,6 +391,8 @@ TEST_P(PrometheusScrape, StoresTheExactBytesOfATransfer) {
     EXPECT_TRUE(prom.stop());
     EXPECT_TRUE(relay.terminate().cleanExit()) << relay.diagnostics();
 }
+ZCRELAY_LABEL(PrometheusScrape, StoresTheExactBytesOfATransfer, "", kSanitizeSkip,
+              "its time is Prometheus; the harness scrapes the same /metrics every 20 ms in every case");
 
 // What Prometheus makes of the counters. Splice and copy count a direction's bytes as their
 // completions come; sockmap's are what the kernel moved, read from the BPF program's counters on
@@ -466,6 +469,8 @@ TEST(PrometheusEvaluates, EveryDashboardQueryAndRule) {
 
     EXPECT_TRUE(prom.stop());
 }
+ZCRELAY_LABEL(PrometheusEvaluates, EveryDashboardQueryAndRule, "", kSanitizeSkip,
+              "Prometheus evaluating queries: no relay code the scrapes do not run");
 
 }  // namespace
 }  // namespace zcrelay::test::observability_test

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -149,6 +150,8 @@ TEST_P(TransferTest, ClientToUpstreamArrivesByteExact) {
     client.fd.reset();
     expectCountersAfterDone(c.bytes, 0);
 }
+ZCRELAY_LABEL(TransferTest, ClientToUpstreamArrivesByteExact, "*100MiB*", kSanitizeSkip,
+              "volume only: the same code as the 1 and 10 MiB cases");
 
 TEST_P(TransferTest, UpstreamToClientArrivesByteExact) {
     const TransferCase& c = GetParam();
@@ -170,6 +173,8 @@ TEST_P(TransferTest, UpstreamToClientArrivesByteExact) {
     EXPECT_EQ(rec.read_end.status, IoStatus::Eof) << rec.describe();
     expectCountersAfterDone(0, c.bytes);
 }
+ZCRELAY_LABEL(TransferTest, UpstreamToClientArrivesByteExact, "*100MiB*", kSanitizeSkip,
+              "volume only: the same code as the 1 and 10 MiB cases");
 
 TEST_P(TransferTest, BothDirectionsAtOnceArriveByteExact) {
     const TransferCase& c = GetParam();
@@ -192,6 +197,8 @@ TEST_P(TransferTest, BothDirectionsAtOnceArriveByteExact) {
     EXPECT_EQ(rec.received_hash, payloadHash(kSeedA, c.bytes)) << rec.describe();
     expectCountersAfterDone(c.bytes, c.bytes);
 }
+ZCRELAY_LABEL(TransferTest, BothDirectionsAtOnceArriveByteExact, "*100MiB*", kSanitizeSkip,
+              "volume only: the same code as the 1 and 10 MiB cases");
 
 INSTANTIATE_TEST_SUITE_P(Sizes, TransferTest, ::testing::ValuesIn(transferCases()), transferName);
 

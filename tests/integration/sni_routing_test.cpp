@@ -42,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/labels.hpp"
 #include "support/json.hpp"
 #include "support/bytes.hpp"
 #include "support/haproxy.hpp"
@@ -1246,6 +1247,8 @@ TEST_P(SplitHelloTest, EverySplitPointLandsByteExact) {
         << relay_.diagnostics();
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
 }
+ZCRELAY_LABEL(SplitHelloTest, EverySplitPointLandsByteExact, "", kSanitizeSkip,
+              "344 connections of the wait the record-split cases run");
 
 TEST_P(SplitHelloTest, SeveralRecordsLandByteExact) {
     const std::string api = handshakeMessage(*api_hello_);
@@ -1615,6 +1618,8 @@ TEST(SniHaproxyCrossCheckTest, SameHellosSameNamedBackends) {
         EXPECT_GE(haproxy_named, 10u) << "premise: HAProxy routes the plain cases by name";
     }
 }
+ZCRELAY_LABEL(SniHaproxyCrossCheckTest, SameHellosSameNamedBackends, "", kSanitizeSkip,
+              "its time is HAProxy's; the hellos are those the other cases send");
 
 // =============================================================================================
 // 7. Reload: routes change like clusters; a live connection keeps its backend.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "integration/sockmap_fixture.hpp"
+#include "support/labels.hpp"
 
 namespace zcrelay::test::sockmap_test {
 namespace {
@@ -232,6 +233,8 @@ TEST_F(SockmapTest, SequentialBulkUnderTightBoundStaysExact) {
         << "no stream may have been reset as beyond repair";
     expectNoFallbacks();
 }
+ZCRELAY_LABEL(SockmapTest, SequentialBulkUnderTightBoundStaysExact, "", kSanitizeSkip,
+              "60 x 10 MiB: the volume of the 10 MiB backpressure cases, a third of the TSan run");
 
 }  // namespace
 }  // namespace zcrelay::test::sockmap_test

@@ -15,9 +15,10 @@
 // The labels, and what each makes ctest do besides carrying the name:
 //   kSanitizeSkip  sanitize-skip: tests/sanitize/run.sh leaves the case out (-LE). The reason
 //                  says why its relay code is run by other cases.
-//   kCpuBound      cpu-bound: PROCESSORS 2, so ctest -j starts nothing beside it. The case
-//                  measures, or needs, the machine's CPUs (RSS and fd budgets under load, bulk
-//                  at full speed), and would only slow everything else down.
+//   kCpuBound      cpu-bound: PROCESSORS 2 and RESOURCE_LOCK cpu_bound. The case keeps the CPUs
+//                  busy for seconds (100,000 connections, megabytes of YAML to parse) against a
+//                  deadline: it takes two of ctest's -j slots, and no other such case runs
+//                  beside it. The cases that mostly wait still do.
 //   kHostPipePages host-pipe-pages: RESOURCE_LOCK host_pipe_pages. The case changes
 //                  /proc/sys/fs/pipe-user-pages-*, which is host-wide, not per network namespace.
 #include <gtest/gtest.h>

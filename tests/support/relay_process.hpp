@@ -4,7 +4,7 @@
 // /proc/PID, stop it with SIGTERM. Also a small fork/exec helper for other programs (nc, iptables)
 // and iptables rules that blackhole SYNs to one loopback port, or every packet of one flow.
 //
-// Everything is bounded: start waits at most 15 s, scrapes 5 s, waits on metrics their timeout,
+// Everything is bounded: start waits at most 60 s, scrapes 5 s, waits on metrics their timeout,
 // terminate() SIGKILLs after its timeout and records a test failure. Only the PID this fixture
 // started is ever signalled.
 #include <gtest/gtest.h>
@@ -37,8 +37,10 @@ namespace zcrelay::test {
 // cases that way against its own sanitized relay, rather than compiling them all again.
 const char* relayBinaryUnderTest();
 inline const char* const kRelayBinary = relayBinaryUnderTest();
-inline constexpr Millis kReadyTimeout{15'000};
-inline constexpr Millis kMetricTimeout{10'000};
+// Generous: the suite runs cases side by side (ctest -j) beside the sanitizer trees' builds, and
+// a sanitized relay starts in seconds on a loaded machine. A passing case never waits them out.
+inline constexpr Millis kReadyTimeout{60'000};
+inline constexpr Millis kMetricTimeout{30'000};
 
 // ---------------------------------------------------------------------------------------------
 // Temp dirs and child processes.

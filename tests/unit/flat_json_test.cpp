@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 
+#include "support/labels.hpp"
 #include "support/json.hpp"
 
 namespace zcrelay {
@@ -356,6 +357,8 @@ TEST(JsonString, RandomBytesAlwaysParseBack) {
         ASSERT_EQ((*flat)[0].second.string, json->string);
     }
 }
+ZCRELAY_LABEL(JsonString, RandomBytesAlwaysParseBack, "", test::kSanitizeSkip,
+              "the flat_json fuzzer runs this parser under ASan+UBSan; it has no threads for TSan");
 
 // A whole reply built with jsonString() is valid JSON that the strict reader takes.
 TEST(JsonString, ARepliesObjectParses) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "support/labels.hpp"
 
 namespace zcrelay::tls_hello {
 namespace {
@@ -356,6 +357,8 @@ TEST(TlsHelloCaptured, AnyRecordSizeGivesTheSameHello) {
         }
     }
 }
+ZCRELAY_LABEL(TlsHelloCaptured, AnyRecordSizeGivesTheSameHello, "", test::kSanitizeSkip,
+              "the tls_hello fuzzer runs this parser under ASan+UBSan; it has no threads for TSan");
 
 TEST(TlsHelloCaptured, EveryRecordVersionIsTaken) {
     // RFC 8446 5.1: legacy_record_version is 0x0301 or 0x0303 in practice, and to be ignored;
