@@ -13,16 +13,20 @@ set -euo pipefail
 build=${1:-build}
 [[ -f $build/Testing/Temporary/LastTest.log ]] ||
     { echo "timing.sh: $build/Testing/Temporary/LastTest.log not found: run ctest in $build first" >&2; exit 2; }
-ctest --test-dir "$build" --show-only=json-v1 >"$build/Testing/Temporary/tests.json"
-exec python3 - "$build" <<'EOF'
-import json, os, re, sys
+# `ctest -N` starts a new LastTest.log: keep the run's first.
+saved=$(mktemp -d)
+trap 'rm -rf "$saved"' EXIT
+cp "$build/Testing/Temporary/LastTest.log" "$saved/"
+ctest --test-dir "$build" --show-only=json-v1 >"$saved/tests.json"
+python3 - "$build" "$saved" <<'EOF'
+import json, os, re, shutil, subprocess, sys
 from collections import defaultdict
 
-build = sys.argv[1]
+build, saved = sys.argv[1], sys.argv[2]
 
-def last_run(testing_dir):
+def last_run(testing_dir, path=None):
     """({case: seconds}, {case: status}) of the last ctest run there."""
-    path = os.path.join(testing_dir, "Temporary", "LastTest.log")
+    path = path or os.path.join(testing_dir, "Temporary", "LastTest.log")
     if not os.path.exists(path):
         return {}, {}
     times, status, current = {}, {}, None
@@ -39,19 +43,20 @@ def last_run(testing_dir):
             status[current] = line.strip().rstrip(".")
     return times, status
 
-def labels_of(build_dir):
+def labels_of(path):
     out = {}
-    path = os.path.join(build_dir, "Testing", "Temporary", "tests.json")
-    if not os.path.exists(path):
-        return out
-    for t in json.load(open(path)).get("tests", []):
+    return labels_of_json(open(path).read()) if os.path.exists(path) else out
+
+def labels_of_json(text):
+    out = {}
+    for t in json.loads(text or "{}").get("tests", []):
         for p in t.get("properties", []):
             if p["name"] == "LABELS":
                 out[t["name"]] = p["value"]
     return out
 
-def report(title, testing_dir, labels, indent=""):
-    times, status = last_run(testing_dir)
+def report(title, testing_dir, labels, indent="", log=None):
+    times, status = last_run(testing_dir, log)
     if not times:
         return
     total = sum(times.values())
@@ -75,8 +80,8 @@ def report(title, testing_dir, labels, indent=""):
     if failed:
         print(f"{indent}  not passed: {', '.join(sorted(failed))}")
 
-labels = labels_of(build)
-report("ctest", os.path.join(build, "Testing"), labels)
+labels = labels_of(os.path.join(saved, "tests.json"))
+report("ctest", None, labels, log=os.path.join(saved, "LastTest.log"))
 for kind in ("address", "thread"):
     tree = os.path.join(build, f"sanitize-{kind}")
     if not os.path.isdir(tree):
@@ -85,5 +90,20 @@ for kind in ("address", "thread"):
     # The sanitizer tree's own cases, then the main tree's relay cases against its relay.
     for sub, title in ((tree, f"sanitize.{kind}: in-process cases"),
                        (os.path.join(tree, "relay-cases"), f"sanitize.{kind}: relay cases")):
-        report(title, os.path.join(sub, "Testing"), labels if sub.endswith("relay-cases") else labels_of(tree), "  ")
+        # The relay cases are the main tree's, with its labels; the tree's own carry theirs,
+        # which its ctest knows.
+        if sub.endswith("relay-cases"):
+            own = labels
+            log = None
+        else:
+            # Kept before listing: `ctest -N` starts a new LastTest.log there too.
+            log = os.path.join(saved, f"{kind}-LastTest.log")
+            src = os.path.join(sub, "Testing", "Temporary", "LastTest.log")
+            if not os.path.exists(src):
+                continue
+            shutil.copy(src, log)
+            listing = subprocess.run(["ctest", "--test-dir", tree, "--show-only=json-v1"],
+                                     capture_output=True, text=True).stdout
+            own = labels_of_json(listing)
+        report(title, os.path.join(sub, "Testing"), own, "  ", log)
 EOF

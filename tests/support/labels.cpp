@@ -41,7 +41,7 @@ std::vector<std::string> splitCommas(std::string_view s) {
 
 // What a label makes ctest do besides carrying it (labels.hpp says why).
 std::string extraProperties(const std::string& label) {
-    if (label == kCpuBound) return " PROCESSORS 2 RESOURCE_LOCK cpu_bound";
+    if (label == kCpuBound) return " PROCESSORS 2 RESOURCE_LOCK cpu_bound COST 1000";
     if (label == kHostPipePages) return " RESOURCE_LOCK host_pipe_pages";
     return "";
 }

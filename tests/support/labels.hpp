@@ -18,7 +18,9 @@
 //   kCpuBound      cpu-bound: PROCESSORS 2 and RESOURCE_LOCK cpu_bound. The case keeps the CPUs
 //                  busy for seconds (100,000 connections, megabytes of YAML to parse) against a
 //                  deadline: it takes two of ctest's -j slots, and no other such case runs
-//                  beside it. The cases that mostly wait still do.
+//                  beside it. The cases that mostly wait still do. COST 1000 starts these
+//                  early (a fresh clone has no timings to order by): one after the other,
+//                  they would otherwise end the run.
 //   kHostPipePages host-pipe-pages: RESOURCE_LOCK host_pipe_pages. The case changes
 //                  /proc/sys/fs/pipe-user-pages-*, which is host-wide, not per network namespace.
 #include <gtest/gtest.h>

@@ -54,7 +54,7 @@ TEST(Labels, AreWrittenUnderCtestsNamesWithTheirProperties) {
         << out;
     EXPECT_EQ(out.find("OnlyTheDeclaredInstancesCarryTheLabel/splice"), std::string::npos) << out;
     EXPECT_NE(out.find("set_tests_properties(\"LabelledPlain.CarriesTwoLabels\" PROPERTIES LABELS "
-                       "\"unit;cpu-bound;sanitize-skip\" PROCESSORS 2 RESOURCE_LOCK cpu_bound)"),
+                       "\"unit;cpu-bound;sanitize-skip\" PROCESSORS 2 RESOURCE_LOCK cpu_bound COST 1000)"),
               std::string::npos)
         << out;
 }
