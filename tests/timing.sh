@@ -13,11 +13,12 @@ set -euo pipefail
 build=${1:-build}
 [[ -f $build/Testing/Temporary/LastTest.log ]] ||
     { echo "timing.sh: $build/Testing/Temporary/LastTest.log not found: run ctest in $build first" >&2; exit 2; }
-# `ctest -N` starts a new LastTest.log: keep the run's first.
+# `ctest -N` starts a new LastTest.log: keep the run's, and put it back after listing.
 saved=$(mktemp -d)
 trap 'rm -rf "$saved"' EXIT
 cp "$build/Testing/Temporary/LastTest.log" "$saved/"
 ctest --test-dir "$build" --show-only=json-v1 >"$saved/tests.json"
+cp "$saved/LastTest.log" "$build/Testing/Temporary/LastTest.log"
 python3 - "$build" "$saved" <<'EOF'
 import json, os, re, shutil, subprocess, sys
 from collections import defaultdict
@@ -39,8 +40,10 @@ def last_run(testing_dir, path=None):
         if m and current:
             times[current] = float(m.group(1))
             continue
-        if current and line.startswith("Test ") and current not in status:
-            status[current] = line.strip().rstrip(".")
+        # The case's own output may print "Test project ..." (a sanitizer run's ctest).
+        m = re.match(r"^Test (Passed|Failed|Skipped|Not Run|Timeout)", line)
+        if m and current and current not in status:
+            status[current] = m.group(1)
     return times, status
 
 def labels_of(path):
@@ -76,7 +79,7 @@ def report(title, testing_dir, labels, indent="", log=None):
     for name, secs in sorted(times.items(), key=lambda kv: -kv[1])[:20]:
         labs = ",".join(labels.get(name, []))
         print(f"{indent}    {secs:>8.1f} s  {name}  [{labs}]")
-    failed = [n for n, s in status.items() if "Passed" not in s and "Skipped" not in s and "Not Run" not in s]
+    failed = [n for n, s in status.items() if s not in ("Passed", "Skipped")]
     if failed:
         print(f"{indent}  not passed: {', '.join(sorted(failed))}")
 
@@ -104,6 +107,7 @@ for kind in ("address", "thread"):
             shutil.copy(src, log)
             listing = subprocess.run(["ctest", "--test-dir", tree, "--show-only=json-v1"],
                                      capture_output=True, text=True).stdout
+            shutil.copy(log, src)
             own = labels_of_json(listing)
         report(title, os.path.join(sub, "Testing"), own, "  ", log)
 EOF
