@@ -118,22 +118,7 @@ inline bool waitFd(int fd, short events, Millis timeout = kDeadline) {
     }
 }
 
-// A thread that is always joined. If the test leaves early, `fd` is shut down first so a
-// blocked send or recv on it returns.
-class Joined {
-  public:
-    Joined(int fd, std::function<void()> fn) : fd_(fd), thread_(std::move(fn)) {}
-    ~Joined() {
-        if (!thread_.joinable()) return;
-        ::shutdown(fd_, SHUT_RDWR);
-        thread_.join();
-    }
-    void join() { thread_.join(); }
-
-  private:
-    int fd_;
-    std::thread thread_;
-};
+using test::Background;
 
 // ---------------------------------------------------------------------------------------------
 // The worker's side.

@@ -80,8 +80,8 @@ TEST_P(PumpPath, MovesEveryByteInOrderThenPassesTheFin) {
     connect();
     constexpr uint64_t kBytes = 3 * 1024 * 1024 + 123;  // not a multiple of any buffer or pipe
     test::ReceiveCheck got;
-    Joined reader(d_.reader(), [&] { got = test::receivePayloadUntilEof(d_.reader(), kSeed); });
-    Joined writer(d_.writer(), [&] {
+    Background reader(d_.reader(), [&] { got = test::receivePayloadUntilEof(d_.reader(), kSeed); });
+    Background writer(d_.writer(), [&] {
         test::sendPayload(d_.writer(), kSeed, kBytes);
         ::shutdown(d_.writer(), SHUT_WR);
     });
@@ -318,8 +318,8 @@ TEST(PumpSplice, ABulkFlowGrowsItsPipeAndShrinksItWhenCached) {
     rig.start(d, pump);
     constexpr uint64_t kBytes = 8 * 1024 * 1024;
     test::ReceiveCheck got;
-    Joined reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
-    Joined writer(d.writer(), [&] {
+    Background reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
+    Background writer(d.writer(), [&] {
         test::sendPayload(d.writer(), kSeed, kBytes);
         ::shutdown(d.writer(), SHUT_WR);
     });
@@ -460,8 +460,8 @@ TEST(PumpCopy, ZeroCopySendsGiveEveryBufferBack) {
     Pump pump = makePump(DataPath::Copy);
     constexpr uint64_t kBytes = 4 * 1024 * 1024;
     test::ReceiveCheck got;
-    Joined reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
-    Joined writer(d.writer(), [&] {
+    Background reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
+    Background writer(d.writer(), [&] {
         test::sendPayload(d.writer(), kSeed, kBytes);
         ::shutdown(d.writer(), SHUT_WR);
     });
@@ -506,8 +506,8 @@ TEST(PumpSockmap, TheKernelMovesTheBytesAndThePumpPassesTheFinAfterThem) {
     ASSERT_EQ(rig.start(d, pump).kind, Step::Wait);
     constexpr uint64_t kBytes = 2 * 1024 * 1024 + 7;
     test::ReceiveCheck got;
-    Joined reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
-    Joined writer(d.writer(), [&] {
+    Background reader(d.reader(), [&] { got = test::receivePayloadUntilEof(d.reader(), kSeed); });
+    Background writer(d.writer(), [&] {
         test::sendPayload(d.writer(), kSeed, kBytes);
         ::shutdown(d.writer(), SHUT_WR);
     });

@@ -351,4 +351,21 @@ bool waitUntil(const std::function<bool()>& condition, Millis timeout,
 
 double secondsSince(Clock::time_point t);
 
+// A thread that is always joined. If the test leaves early (a failed ASSERT), the destructor
+// first shuts `fd` down, so a send or recv blocked on it returns at once, then joins.
+class Background {
+  public:
+    Background(int fd, std::function<void()> fn) : fd_(fd), thread_(std::move(fn)) {}
+    ~Background() {
+        if (!thread_.joinable()) return;
+        ::shutdown(fd_, SHUT_RDWR);
+        thread_.join();
+    }
+    void join() { thread_.join(); }
+
+  private:
+    int fd_;
+    std::thread thread_;
+};
+
 }  // namespace zcrelay::test
