@@ -25,6 +25,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "file_kind.hpp"
 #include "unique_fd.hpp"
 
 namespace zcrelay {
@@ -153,8 +154,6 @@ struct Key {
 };
 
 constexpr uint64_t ms(Duration d) { return static_cast<uint64_t>(d.count()); }
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 
 const Key<Config> kTopKeys[] = {
     {.name = "workers",
@@ -1773,19 +1772,6 @@ Config loadConfigString(std::string_view yaml, std::string_view source) {
         throw ConfigError(std::string(source) + ": " + clipped(e.what()));
     }
 }
-
-namespace {
-
-const char* fileKind(mode_t mode) {
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    if (S_ISSOCK(mode)) return "a socket";
-    return "not a regular file";
-}
-
-}  // namespace
 
 Config loadConfigFile(const std::string& path, uint64_t max_size) {
     // O_NONBLOCK: opening a FIFO waits for a writer otherwise, forever if none comes, and would

@@ -15,6 +15,7 @@
 #include <tl/expected.hpp>
 
 #include "clock.hpp"
+#include "result.hpp"
 #include "unique_fd.hpp"
 
 extern char** environ;
@@ -38,10 +39,6 @@ constexpr bool kSanitized = false;
 #else
 constexpr bool kSanitized = false;
 #endif
-
-std::string errnoText(const char* what, int err) {
-    return std::string(what) + ": " + std::strerror(err);
-}
 
 // The child's error as the relay logs it: its last line, without the "zcrelay: " every error of
 // main() starts with.

@@ -56,7 +56,7 @@ int familyOf(AddressFamilies f) {
     return AF_UNSPEC;
 }
 
-int64_t ms(Duration d) { return d.count(); }
+int64_t msOf(Duration d) { return d.count(); }
 
 // The smallest TTL in the answer section of a DNS message: c-ares parses SRV records without
 // theirs. Walks the header, the questions and the answers, bounds-checked; 0 when malformed
@@ -504,7 +504,7 @@ int64_t Discovery::nextWakeMs() const {
     for (const auto& e : entries_) {
         if (!e->in_flight) next = std::min(next, e->next_ms);
         if (e->failing && !e->expired)
-            next = std::min(next, e->failing_since_ms + ms(e->spec.hold));
+            next = std::min(next, e->failing_since_ms + msOf(e->spec.hold));
     }
     return next;
 }
@@ -678,15 +678,15 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
             found.resize(e.spec.max_backends);
         }
         set = std::move(found);
-        const int64_t refresh = std::clamp<int64_t>(int64_t{ttl} * 1000, ms(e.spec.refresh_min),
-                                                    ms(e.spec.refresh_max));
+        const int64_t refresh = std::clamp<int64_t>(int64_t{ttl} * 1000, msOf(e.spec.refresh_min),
+                                                    msOf(e.spec.refresh_max));
         e.next_ms = now + refresh;
         if (e.failing)
             LOG_INFO("cluster %s: %s resolves again", e.cluster.c_str(), e.spec.name().c_str());
         e.failing = false;
         e.expired = false;
     } else {
-        e.next_ms = now + ms(e.spec.refresh_min);
+        e.next_ms = now + msOf(e.spec.refresh_min);
         if (!e.failing) {
             e.failing = true;
             e.failing_since_ms = now;
@@ -725,7 +725,7 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
 
 void Discovery::expireHolds(int64_t now_ms) {
     for (auto& e : entries_) {
-        if (!e->failing || e->expired || now_ms < e->failing_since_ms + ms(e->spec.hold)) continue;
+        if (!e->failing || e->expired || now_ms < e->failing_since_ms + msOf(e->spec.hold)) continue;
         e->expired = true;
         {
             std::lock_guard lock(mutex_);

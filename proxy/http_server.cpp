@@ -19,8 +19,10 @@
 #include <utility>
 
 #include "clock.hpp"
+#include "file_kind.hpp"
 #include "listener.hpp"
 #include "log.hpp"
+#include "result.hpp"
 #include "unique_fd.hpp"
 
 namespace zcrelay {
@@ -252,21 +254,6 @@ std::string notAllowedText(const std::vector<std::string>& methods) {
     for (size_t i = 0; i < methods.size(); ++i)
         out += (i == 0 ? " " : i + 1 == methods.size() ? " and " : ", ") + methods[i];
     return out + "\n";
-}
-
-const char* fileKind(mode_t mode) {
-    if (S_ISREG(mode)) return "a regular file";
-    if (S_ISDIR(mode)) return "a directory";
-    if (S_ISLNK(mode)) return "a symlink";
-    if (S_ISFIFO(mode)) return "a FIFO";
-    if (S_ISCHR(mode)) return "a character device";
-    if (S_ISBLK(mode)) return "a block device";
-    return "not a socket";
-}
-
-// "lstat: No such file or directory", of errno as it is now (read before anything allocates).
-std::string errnoText(std::string_view what, int err = errno) {
-    return std::string(what) + ": " + std::strerror(err);
 }
 
 // Makes way for a unix socket at `path`: nothing there, or a stale socket (one nobody listens

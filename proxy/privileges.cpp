@@ -12,15 +12,13 @@
 #include <cstring>
 #include <vector>
 
+#include "result.hpp"
+
 namespace zcrelay {
 namespace {
 
 constexpr int kKept = CAP_NET_BIND_SERVICE;
 constexpr uint64_t bit(int cap) { return uint64_t{1} << cap; }
-
-std::string errnoText(const char* what, int code = errno) {
-    return std::string(what) + ": " + std::strerror(code);
-}
 
 // The highest capability this kernel knows, which may be above the headers' CAP_LAST_CAP.
 int lastCap() {

@@ -23,19 +23,18 @@ bool readDigits(std::string_view text, size_t& pos, uint64_t& value, int& digits
 constexpr std::array<std::pair<std::string_view, uint64_t>, 5> kDurationUnitsUs{
     {{"us", 1}, {"ms", 1000}, {"s", 1000'000}, {"m", 60'000'000}, {"h", 3600'000'000}}};
 
-constexpr uint64_t kKiB = 1024;
 constexpr std::array<std::pair<std::string_view, uint64_t>, 11> kSizeUnits{
     {{"B", 1},
      {"K", kKiB},
      {"k", kKiB},
      {"KB", kKiB},
      {"KiB", kKiB},
-     {"M", kKiB* kKiB},
-     {"MB", kKiB* kKiB},
-     {"MiB", kKiB* kKiB},
-     {"G", kKiB* kKiB* kKiB},
-     {"GB", kKiB* kKiB* kKiB},
-     {"GiB", kKiB* kKiB* kKiB}}};
+     {"M", kMiB},
+     {"MB", kMiB},
+     {"MiB", kMiB},
+     {"G", kGiB},
+     {"GB", kGiB},
+     {"GiB", kGiB}}};
 
 }  // namespace
 
@@ -136,8 +135,8 @@ std::string formatDuration(Duration d) {
 
 std::string formatSize(uint64_t bytes) {
     if (bytes == 0) return "0";
-    if (bytes % (kKiB * kKiB * kKiB) == 0) return std::to_string(bytes >> 30) + "GiB";
-    if (bytes % (kKiB * kKiB) == 0) return std::to_string(bytes >> 20) + "MiB";
+    if (bytes % kGiB == 0) return std::to_string(bytes >> 30) + "GiB";
+    if (bytes % kMiB == 0) return std::to_string(bytes >> 20) + "MiB";
     if (bytes % kKiB == 0) return std::to_string(bytes >> 10) + "KiB";
     return std::to_string(bytes);
 }

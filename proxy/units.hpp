@@ -11,6 +11,10 @@ namespace zcrelay {
 
 using Duration = std::chrono::milliseconds;
 
+inline constexpr uint64_t kKiB = 1024;
+inline constexpr uint64_t kMiB = 1024 * kKiB;
+inline constexpr uint64_t kGiB = 1024 * kMiB;
+
 // Units: us (rounded up to whole ms), ms, s, m, h; a number is required, a unit is required.
 // Errors say what is wrong ("missing unit in \"5\"", "unknown unit \"x\"", "negative").
 tl::expected<Duration, std::string> parseDuration(std::string_view text);
