@@ -19,7 +19,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::access_log_test {
 namespace {
 
 constexpr uint64_t kReplySeed = 0xD0;
@@ -443,4 +443,4 @@ TEST(AccessLogTest, DashWritesJsonLinesToStdout) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::access_log_test

@@ -34,11 +34,11 @@
 #include "support/json.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::admin_api_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
 constexpr const char* kAdminChanges = "zcrelay_admin_changes_total";     // {change}
 constexpr const char* kAdminRequests = "zcrelay_admin_requests_total";   // {result}
 constexpr const char* kAdminRejected = "zcrelay_admin_endpoint_rejected_total";  // {reason}
@@ -1067,7 +1067,7 @@ TEST(AdminApiConfig, ABlankOrControlByteTokenFileIsRefusedAtStart) {
         const std::string path = dir.writeFile(name + ".yaml", config.yaml());
         return std::make_pair(token, runCommand({kRelayBinary, "-c", path}, Millis{15'000}));
     };
-    for (const std::string& blank : {"    \n", " \t \r\nsecond-line-token\n", "   "}) {
+    for (const char* blank : {"    \n", " \t \r\nsecond-line-token\n", "   "}) {
         auto [token, r] = run("blank.token", blank);
         EXPECT_TRUE(r.status.exited && r.status.code == 1) << r.describe();
         EXPECT_NE(r.err.find("admin.token_file " + token + ": the first line is empty"),
@@ -1320,4 +1320,4 @@ TEST_F(AdminApiTest, HostileClientsAreBoundedLikeTheMetricsEndpoints) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::admin_api_test

@@ -30,7 +30,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::cluster_test {
 namespace {
 
 // A backend that says who it is: every connection it accepts first gets its one-byte tag, then
@@ -721,4 +721,4 @@ TEST_F(ClusterTest, KeepaliveIsSetOnEachSideAsConfigured) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::cluster_test

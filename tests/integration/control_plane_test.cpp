@@ -30,11 +30,11 @@
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::control_plane_test {
 namespace {
 
-constexpr uint64_t kMiB = 1024 * 1024;
 constexpr const char* kRejected = "zcrelay_metrics_endpoint_rejected_total";
 constexpr const char* kEndpointConnections = "zcrelay_metrics_endpoint_connections";
 constexpr const char* kSignalsTotal = "zcrelay_signals_total";
@@ -720,4 +720,4 @@ TEST_F(ControlPlaneTest, SigusrOneReopensTheAccessLog) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::control_plane_test

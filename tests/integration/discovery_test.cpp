@@ -46,12 +46,10 @@
 #include "support/dns_server.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::discovery_test {
 namespace {
-
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 
 // The discovery metrics (proxy/metrics.cpp), all labelled {cluster} (+ outcome).
 constexpr const char* kResolutions = "zcrelay_discovery_resolutions_total";
@@ -1687,4 +1685,4 @@ TEST_F(DiscoveryTest, AReloadedListenerOnADiscoveredAddressTakesItOutOfTheSet) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::discovery_test

@@ -15,7 +15,7 @@
 #include <tuple>
 #include <vector>
 
-namespace zcrelay::test {
+namespace zcrelay::test::dns_server_test {
 namespace {
 
 struct Record {
@@ -334,4 +334,4 @@ TEST_F(DnsServerTest, QueriesForCountsLoggedQueriesButNotItsOwn) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::dns_server_test

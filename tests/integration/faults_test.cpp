@@ -26,12 +26,11 @@
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::faults_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeedA = 0xFA17;
 constexpr uint64_t kSeedB = 0xD0D0;
 // "promptly": the bound for closes the relay must propagate; 10 s is room for a loaded 2-core
@@ -513,4 +512,4 @@ TEST_P(UpstreamDownThenUp, RefusedWhileDownThenRelaysByteExactOnceListening) {
 INSTANTIATE_TEST_SUITE_P(Modes, UpstreamDownThenUp, ::testing::Values("splice"), modeName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::faults_test

@@ -13,12 +13,11 @@
 
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::lifecycle_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeed = 0x5EED;
 
 // The stderr line that contains `needle`, or "".
@@ -314,4 +313,4 @@ TEST(ShorthandTest, ListenUpstreamModeMetricsFlagsRelayBytes) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::lifecycle_test

@@ -26,11 +26,11 @@
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::lifetime_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kSeedUp = 0x11FE;    // what clients send
 constexpr uint64_t kSeedDown = 0xD0E5;  // what backends send
 // A stream that never runs out before the relay ends it (loopback moves GB/s, not PB).
@@ -620,4 +620,4 @@ ZCRELAY_LABEL(LifetimeTest, MaxDurationJitterSpreadsTheEndsOfConnectionsOpenedTo
 INSTANTIATE_TEST_SUITE_P(Modes, LifetimeTest, ::testing::ValuesIn(kModes), modeName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::lifetime_test

@@ -18,11 +18,10 @@
 
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::limits_test {
 namespace {
-
-constexpr uint64_t kMiB = 1024 * 1024;
 
 // utime + stime of `pid`, in seconds (/proc/PID/stat fields 14 and 15).
 double cpuSeconds(pid_t pid) {
@@ -264,4 +263,4 @@ TEST_P(FdLimitsByMode, EmfileUnderARunningRelayPausesAndLosesNoClient) {
 INSTANTIATE_TEST_SUITE_P(Modes, FdLimitsByMode, ::testing::ValuesIn(kModes), modeName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::limits_test

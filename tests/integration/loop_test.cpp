@@ -24,7 +24,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::loop_test {
 namespace {
 
 // "" once this process runs in a namespace of its own with lo up, else why not.
@@ -196,4 +196,4 @@ TEST_P(LoopTest, SharedLocalPortsAreNoLoop) {
 INSTANTIATE_TEST_SUITE_P(AllModes, LoopTest, ::testing::ValuesIn(kModes), modeName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::loop_test

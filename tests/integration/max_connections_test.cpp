@@ -18,7 +18,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::max_connections_test {
 namespace {
 
 constexpr size_t kPing = 1024;
@@ -283,4 +283,4 @@ TEST_F(MaxConnectionsTest, PerSourceLimitClosesTheThirdFromOneAddressOnly) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::max_connections_test

@@ -10,7 +10,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::nc_test {
 namespace {
 
 constexpr uint64_t kFileBytes = 64ull << 20;
@@ -198,4 +198,4 @@ INSTANTIATE_TEST_SUITE_P(Modes, NcTest, ::testing::Values("splice", "copy", "soc
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::nc_test

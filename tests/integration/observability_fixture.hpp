@@ -26,11 +26,10 @@
 #include "support/json.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
 namespace zcrelay::test::observability_test {
 
-inline constexpr uint64_t kKiB = 1024;
-inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kSeed = 0x0B5E;
 inline constexpr Millis kToolTimeout{20'000};
 

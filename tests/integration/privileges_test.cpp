@@ -26,11 +26,11 @@
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::privileges_test {
 namespace {
 
-constexpr uint64_t kMiB = 1024 * 1024;
 // CAP_NET_BIND_SERVICE is capability 10: the one bit left in CapEff, CapPrm and CapBnd.
 constexpr const char* kOnlyNetBindService = "0000000000000400";
 
@@ -440,4 +440,4 @@ INSTANTIATE_TEST_SUITE_P(Limits, UnprivilegedPipePages,
                          [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::privileges_test

@@ -32,12 +32,11 @@
 #include "support/haproxy.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::proxy_protocol_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeed = 0x50C0FFEE;
 constexpr Millis kIo{30'000};
 // "promptly": the relay's tick is at most 250 ms; the rest is room for a loaded 2-core machine,
@@ -880,4 +879,4 @@ INSTANTIATE_TEST_SUITE_P(Modes, AddresslessHeaderTest, ::testing::ValuesIn(addre
                          });
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::proxy_protocol_test

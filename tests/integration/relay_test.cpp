@@ -20,12 +20,11 @@
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::relay_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
 constexpr uint64_t kSeedA = 0xA11CE;
 constexpr uint64_t kSeedB = 0xB0B;
 // "promptly": the bound for closes and bytes the relay must pass on. Loopback takes microseconds;
@@ -1006,4 +1005,4 @@ INSTANTIATE_TEST_SUITE_P(Modes, MetricsTest, ::testing::ValuesIn(kModes), modeNa
 INSTANTIATE_TEST_SUITE_P(Modes, MetricsAtStartTest, ::testing::Values("splice"), modeName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::relay_test

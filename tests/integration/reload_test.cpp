@@ -18,13 +18,11 @@
 
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::reload_test {
 namespace {
 
-constexpr uint64_t kKiB = 1024;
-constexpr uint64_t kMiB = 1024 * kKiB;
-constexpr uint64_t kGiB = 1024 * kMiB;
 constexpr const char* kGeneration = "zcrelay_config_generation";
 
 // A top-level `clusters:` block: one cluster `name` with these backends.
@@ -75,7 +73,6 @@ double reloads(const RelayProcess& relay, const char* result) {
                                              << " then EOF; " << rec->describe();
     return ::testing::AssertionSuccess();
 }
-
 
 // =============================================================================================
 // 1. A reload in the middle of a 1 GiB transfer (256 MiB in a sanitizer build: the sender holds
@@ -353,4 +350,4 @@ TEST(ReloadKeepsStateTest, ListenerCountersContinueAndAnEjectedBackendStaysDown)
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::reload_test

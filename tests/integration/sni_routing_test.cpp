@@ -49,7 +49,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::sni_routing_test {
 namespace {
 
 constexpr Millis kIo{20'000};
@@ -1825,4 +1825,4 @@ TEST_F(SniAccessLogTest, JsonLinesCarrySniAlpnRoute) {
 }
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::sni_routing_test

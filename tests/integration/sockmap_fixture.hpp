@@ -25,11 +25,10 @@
 
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
 namespace zcrelay::test::sockmap_test {
 
-inline constexpr uint64_t kKiB = 1024;
-inline constexpr uint64_t kMiB = 1024 * kKiB;
 inline constexpr uint64_t kSeedA = 0x50C4A;  // client -> upstream
 inline constexpr uint64_t kSeedB = 0x50C4B;  // upstream -> client
 // A reset or close must reach the other side within kPrompt, a small request's answer must

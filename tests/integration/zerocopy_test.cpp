@@ -15,11 +15,11 @@
 
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
+#include "units.hpp"
 
-namespace zcrelay::test {
+namespace zcrelay::test::zerocopy_test {
 namespace {
 
-constexpr uint64_t kMiB = 1024 * 1024;
 constexpr uint64_t kSeed = 0x2EC0;
 constexpr const char* kZerocopySends = "zcrelay_zerocopy_sends_total";
 constexpr const char* kBuffersBusy = "zcrelay_copy_buffers_busy";
@@ -169,4 +169,4 @@ INSTANTIATE_TEST_SUITE_P(Paths, ZerocopyTest,
                          caseName);
 
 }  // namespace
-}  // namespace zcrelay::test
+}  // namespace zcrelay::test::zerocopy_test

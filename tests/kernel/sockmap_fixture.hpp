@@ -41,6 +41,7 @@
 #include "pump/sockmap_kernel.hpp"
 #include "sockmap.hpp"
 #include "support/loopback.hpp"
+#include "units.hpp"
 
 namespace zcrelay {
 
@@ -61,8 +62,6 @@ using test::Millis;
 using test::PayloadVerifier;
 
 inline constexpr uint32_t kCapacity = 4096;  // records, i.e. sockets: two per pair
-inline constexpr uint64_t kKiB = 1024;
-inline constexpr uint64_t kMiB = 1024 * kKiB;
 // The in-flight bound the worker gives each direction with the default pipe_size (1 MiB):
 // 4 x pipe_size. Tests whose point is elsewhere, and that must not meet the bound, use
 // kUnbounded.

@@ -8,10 +8,9 @@
 #include <optional>
 #include <vector>
 
-namespace zcrelay {
+#include "unit/config_values.hpp"
 
-// gtest shows failures as text, not as 128 bytes of sockaddr_storage.
-inline void PrintTo(const SocketAddress& a, std::ostream* os) { *os << a.toString(); }
+namespace zcrelay {
 
 namespace {
 

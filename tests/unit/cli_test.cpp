@@ -2,10 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include "unit/config_values.hpp"
+
 namespace zcrelay {
 namespace {
 
-std::string errorOf(const std::vector<std::string>& args) {
+std::string cliErrorOf(const std::vector<std::string>& args) {
     try {
         resolveConfig(parseCli(args));
     } catch (const ConfigError& e) {
@@ -14,7 +16,7 @@ std::string errorOf(const std::vector<std::string>& args) {
     return "(no error)";
 }
 
-SocketAddress addr(std::string_view text) { return parseAddress(text).value(); }
+using unit::addr;
 
 const std::string kMinimal = std::string(ZCRELAY_SOURCE_DIR) + "/config/minimal.yaml";
 
@@ -63,18 +65,18 @@ TEST(ParseCli, Shorthand) {
 }
 
 TEST(ParseCli, ErrorsNameTheFlag) {
-    EXPECT_EQ(errorOf({"--foo"}), "<command line>: unknown option --foo (see --help)");
-    EXPECT_EQ(errorOf({"config.yaml"}),
+    EXPECT_EQ(cliErrorOf({"--foo"}), "<command line>: unknown option --foo (see --help)");
+    EXPECT_EQ(cliErrorOf({"config.yaml"}),
               "<command line>: unexpected argument \"config.yaml\" (see --help)");
-    EXPECT_EQ(errorOf({"--workers"}), "<command line>: --workers: needs a value (N)");
-    EXPECT_EQ(errorOf({"--version=1"}), "<command line>: --version: takes no value");
-    EXPECT_EQ(errorOf({"--listen", "127.0.0.1:1"}), "<command line>: --listen needs --upstream");
-    EXPECT_EQ(errorOf({"--upstream", "127.0.0.1:1"}), "<command line>: --upstream needs --listen");
-    EXPECT_EQ(errorOf({"-c", "a.yaml", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2"}),
+    EXPECT_EQ(cliErrorOf({"--workers"}), "<command line>: --workers: needs a value (N)");
+    EXPECT_EQ(cliErrorOf({"--version=1"}), "<command line>: --version: takes no value");
+    EXPECT_EQ(cliErrorOf({"--listen", "127.0.0.1:1"}), "<command line>: --listen needs --upstream");
+    EXPECT_EQ(cliErrorOf({"--upstream", "127.0.0.1:1"}), "<command line>: --upstream needs --listen");
+    EXPECT_EQ(cliErrorOf({"-c", "a.yaml", "--listen", "127.0.0.1:1", "--upstream", "127.0.0.1:2"}),
               "<command line>: --listen/--upstream replace the config file; use one or the other");
-    EXPECT_EQ(errorOf({"-c", "a.yaml", "--check-config", "b.yaml"}),
+    EXPECT_EQ(cliErrorOf({"-c", "a.yaml", "--check-config", "b.yaml"}),
               "<command line>: --check-config: already given as -c");
-    EXPECT_EQ(errorOf({"--workers", "1", "--workers=2"}),
+    EXPECT_EQ(cliErrorOf({"--workers", "1", "--workers=2"}),
               "<command line>: --workers: already given as --workers");
 }
 
@@ -107,27 +109,27 @@ TEST(ResolveConfig, FlagsOverrideTheFile) {
 }
 
 TEST(ResolveConfig, FlagValuesGetTheYamlMessages) {
-    EXPECT_EQ(errorOf({"--workers", "x"}),
+    EXPECT_EQ(cliErrorOf({"--workers", "x"}),
               "<command line>: --workers: expected a whole number, got \"x\"");
-    EXPECT_EQ(errorOf({"--workers", "0"}),
+    EXPECT_EQ(cliErrorOf({"--workers", "0"}),
               "<command line>: --workers: \"0\" is out of range (1..256)");
     EXPECT_EQ(
-        errorOf({"--mode", "fast"}),
+        cliErrorOf({"--mode", "fast"}),
         "<command line>: --mode: \"fast\" is not a mode; expected one of: splice, copy, sockmap");
-    EXPECT_EQ(errorOf({"--listen", "localhost:80", "--upstream", "127.0.0.1:1"}),
+    EXPECT_EQ(cliErrorOf({"--listen", "localhost:80", "--upstream", "127.0.0.1:1"}),
               "<command line>: --listen: \"localhost\" is not a numeric IP address; names are not "
               "resolved");
-    EXPECT_EQ(errorOf({"--listen", "127.0.0.1:80", "--upstream", "127.0.0.1"}),
+    EXPECT_EQ(cliErrorOf({"--listen", "127.0.0.1:80", "--upstream", "127.0.0.1"}),
               "<command line>: --upstream: missing port in \"127.0.0.1\"; expected host:port, e.g. "
               "127.0.0.1:10000 or [::1]:10000");
-    EXPECT_EQ(errorOf({"--metrics", "9100"}),
+    EXPECT_EQ(cliErrorOf({"--metrics", "9100"}),
               "<command line>: --metrics: missing port in \"9100\"; expected host:port, e.g. "
               "127.0.0.1:10000 or "
               "[::1]:10000");
 }
 
 TEST(ResolveConfig, FileErrorsKeepTheFileName) {
-    EXPECT_EQ(errorOf({"-c", "/nonexistent/z.yaml"}),
+    EXPECT_EQ(cliErrorOf({"-c", "/nonexistent/z.yaml"}),
               "/nonexistent/z.yaml: cannot read: No such file or directory");
 }
 

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "unit/config_values.hpp"
+
 namespace zcrelay {
 namespace {
 
@@ -19,30 +21,12 @@ std::string sourcePath(const std::string& relative) {
 }
 std::string dataPath(const std::string& name) { return sourcePath("tests/data/" + name); }
 
-// The message of the ConfigError that `load` throws, or a marker that fails any comparison.
-template <class F>
-std::string errorOf(F&& load) {
-    try {
-        load();
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
-std::string errorOfYaml(const std::string& yaml) {
-    return errorOf([&] { loadConfigString(yaml, "t.yaml"); });
-}
+using unit::addr;
+using unit::errorOf;
+using unit::errorOfYaml;
+using unit::expectSameConfig;
 
 unsigned onlineCpus() { return std::clamp(sysconf(_SC_NPROCESSORS_ONLN), 1L, 256L); }
-
-SocketAddress addr(std::string_view text) { return parseAddress(text).value(); }
-
-// renderConfig() shows which field differs; == also covers anything it would not print.
-void expectSameConfig(const Config& a, const Config& b) {
-    EXPECT_EQ(renderConfig(a), renderConfig(b));
-    EXPECT_TRUE(a == b);
-}
 
 constexpr const char* kOneListener =
     "listeners:\n"

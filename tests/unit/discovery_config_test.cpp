@@ -7,32 +7,17 @@
 #include <vector>
 
 #include "config.hpp"
+#include "unit/config_values.hpp"
 
 namespace zcrelay {
 namespace {
 
 using namespace std::chrono_literals;
 
-template <class F>
-std::string errorOf(F&& load) {
-    try {
-        load();
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
-
-std::string errorOfYaml(const std::string& yaml) {
-    return errorOf([&] { loadConfigString(yaml, "t.yaml"); });
-}
-
-SocketAddress addr(std::string_view text) { return parseAddress(text).value(); }
-
-void expectSameConfig(const Config& a, const Config& b) {
-    EXPECT_EQ(renderConfig(a), renderConfig(b));
-    EXPECT_TRUE(a == b);
-}
+using unit::addr;
+using unit::errorOf;
+using unit::errorOfYaml;
+using unit::expectSameConfig;
 
 constexpr const char* kListener =
     "listeners:\n"

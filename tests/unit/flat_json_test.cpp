@@ -17,7 +17,7 @@ namespace {
 
 using Type = FlatValue::Type;
 
-std::string errorOf(std::string_view text) {
+std::string jsonErrorOf(std::string_view text) {
     const auto parsed = parseFlatObject(text);
     return parsed ? std::string("(parsed)") : parsed.error();
 }
@@ -157,7 +157,7 @@ void PrintTo(const Refusal& r, std::ostream* os) { *os << r.name; }
 class FlatJsonRefuses : public testing::TestWithParam<Refusal> {};
 
 TEST_P(FlatJsonRefuses, WithWhatAndTheByteOffset) {
-    EXPECT_EQ(errorOf(GetParam().text), GetParam().error) << GetParam().text;
+    EXPECT_EQ(jsonErrorOf(GetParam().text), GetParam().error) << GetParam().text;
 }
 
 std::string manyMembers(int n) {
@@ -232,7 +232,7 @@ void PrintTo(const InString& r, std::ostream* os) { *os << r.name; }
 
 TEST_P(FlatJsonRefusesInString, WithWhatAndAnOffsetAtTheFault) {
     const InString& r = GetParam();
-    const std::string error = errorOf(r.text);
+    const std::string error = jsonErrorOf(r.text);
     const std::string what = std::string(r.what) + " at byte ";
     ASSERT_EQ(error.substr(0, what.size()), what) << error;
     const size_t offset = std::stoul(error.substr(what.size()));
@@ -265,11 +265,11 @@ INSTANTIATE_TEST_SUITE_P(
 // should be). Inside strings it is one past it, or past the whole escape: the control character,
 // the escape's backslash, the bad hex digit, the first byte over 1 KiB are where to look.
 TEST(FlatJson, OffsetsInsideStringsNameTheOffendingByte) {
-    EXPECT_EQ(errorOf("{\"a\":\"x\ny\"}"), "raw control character in a string at byte 7");
-    EXPECT_EQ(errorOf(R"({"a":"\q"})"), "unknown escape at byte 6");
-    EXPECT_EQ(errorOf(R"({"a":"\u00g0"})"), "bad hex digit in \\u escape at byte 10");
-    EXPECT_EQ(errorOf(R"({"a":"\ud800"})"), "surrogate in \\u escape at byte 6");
-    EXPECT_EQ(errorOf("{\"a\":\"" + std::string(1025, 's') + "\"}"),
+    EXPECT_EQ(jsonErrorOf("{\"a\":\"x\ny\"}"), "raw control character in a string at byte 7");
+    EXPECT_EQ(jsonErrorOf(R"({"a":"\q"})"), "unknown escape at byte 6");
+    EXPECT_EQ(jsonErrorOf(R"({"a":"\u00g0"})"), "bad hex digit in \\u escape at byte 10");
+    EXPECT_EQ(jsonErrorOf(R"({"a":"\ud800"})"), "surrogate in \\u escape at byte 6");
+    EXPECT_EQ(jsonErrorOf("{\"a\":\"" + std::string(1025, 's') + "\"}"),
               "string longer than 1024 bytes at byte 1030");
 }
 

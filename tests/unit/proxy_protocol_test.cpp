@@ -10,10 +10,9 @@
 #include <string>
 #include <vector>
 
-namespace zcrelay {
+#include "unit/config_values.hpp"
 
-// gtest shows failures as text, not as 128 bytes of sockaddr_storage.
-inline void PrintTo(const SocketAddress& a, std::ostream* os) { *os << a.toString(); }
+namespace zcrelay {
 
 namespace proxy_protocol {
 namespace {
@@ -36,11 +35,7 @@ const Bytes kSignature(kV2Signature.begin(), kV2Signature.end());
 // The spec's signature, written out rather than taken from the code under test.
 const Bytes kSpecSignature{0x0D, 0x0A, 0x0D, 0x0A, 0x00, 0x0D, 0x0A, 0x51, 0x55, 0x49, 0x54, 0x0A};
 
-SocketAddress addr(std::string_view text) {
-    auto a = parseAddress(text);
-    EXPECT_TRUE(a) << text;
-    return a.value_or(SocketAddress{});
-}
+using unit::addr;
 
 SocketAddress unixAddress(const char* path) {
     sockaddr_un sun{};

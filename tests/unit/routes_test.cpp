@@ -9,18 +9,12 @@
 
 #include "config.hpp"
 #include "runtime.hpp"
+#include "unit/config_values.hpp"
 
 namespace zcrelay {
 namespace {
 
-std::string errorOfYaml(const std::string& yaml) {
-    try {
-        loadConfigString(yaml, "t.yaml");
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
-}
+using unit::errorOfYaml;
 
 const std::string kClusters =
     "clusters:\n"
@@ -51,7 +45,7 @@ std::string routeName(const ListenerRt& l, const RouteChoice& c) {
     return c.route == ListenerRt::kNoRoute ? "(none)" : l.routes[c.route].config.name;
 }
 
-const std::string kListener =
+const std::string kRoutedListener =
     "  - name: tls\n"
     "    listen: 127.0.0.1:0\n"
     "    routes:\n"
@@ -61,7 +55,7 @@ const std::string kListener =
     "    cluster: fallback\n";
 
 TEST(RouteConfig, NamesAreNormalisedAndTheListenerClusterIsTheDefault) {
-    auto rt = runtimeOf(kListener);
+    auto rt = runtimeOf(kRoutedListener);
     const ListenerRt& l = rt->listeners.at(0);
     ASSERT_EQ(l.routes.size(), 4u);
     EXPECT_EQ(l.routes[0].config.name, "api") << "a route is named after its cluster";
@@ -76,7 +70,7 @@ TEST(RouteConfig, NamesAreNormalisedAndTheListenerClusterIsTheDefault) {
 }
 
 TEST(RouteConfig, RendersBackToAnEqualConfig) {
-    const Config c = loadConfigString(kClusters + "listeners:\n" + kListener, "t.yaml");
+    const Config c = loadConfigString(kClusters + "listeners:\n" + kRoutedListener, "t.yaml");
     const Config back = loadConfigString(renderConfig(c), "<rendered>");
     EXPECT_EQ(back.listeners, c.listeners) << renderConfig(c);
     // Routes alone: no `cluster`, no `upstream` rendered.
@@ -141,7 +135,7 @@ TEST(ServerName, ExactWildcardCaseAndTrailingDot) {
 }
 
 TEST(ChooseRoute, FirstMatchWinsAndEverythingElseIsTheDefaultCountedByReason) {
-    auto rt = runtimeOf(kListener);
+    auto rt = runtimeOf(kRoutedListener);
     const ListenerRt& l = rt->listeners.at(0);
     struct Case {
         Hello hello;
@@ -188,7 +182,7 @@ TEST(ChooseRoute, WithoutADefaultNothingTakesWhatMatchesNoRoute) {
 }
 
 TEST(RouteState, AReloadKeepsTheCountersOfRoutesThatKeepTheirName) {
-    auto first = runtimeOf(kListener);
+    auto first = runtimeOf(kRoutedListener);
     first->listeners[0].routes[1].state->selections[0].add(7);
     // apps-h2 moves to second-last and points elsewhere; api is gone.
     auto second = runtimeOf(

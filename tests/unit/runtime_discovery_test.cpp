@@ -14,13 +14,14 @@
 #include "balance.hpp"
 #include "config.hpp"
 #include "runtime.hpp"
+#include "unit/config_values.hpp"
 
 namespace zcrelay {
 namespace {
 
 using Discovered = std::map<std::string, std::vector<BackendConfig>>;
 
-SocketAddress addr(std::string_view text) { return parseAddress(text).value(); }
+using unit::addr;
 
 BackendConfig backend(std::string_view address, unsigned weight = 1,
                       ProxyVersion send_proxy = ProxyVersion::Off) {
