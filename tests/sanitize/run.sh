@@ -27,12 +27,14 @@
 #   ci (default)  leaves out the cases labelled sanitize-skip;
 #   full          every unit, kernel and integration case.
 #
-# The cases run side by side (ctest -j ZCRELAY_SANITIZE_JOBS, default 4): each is a process in
-# a network namespace of its own (tests/support/netns.hpp), and most of their time is waiting.
+# The cases run side by side (ctest -j ZCRELAY_SANITIZE_JOBS, default 4 per CPU, as the main
+# run): each is a process in a network namespace of its own (tests/support/netns.hpp), and most
+# of their time is waiting. At 4 at a time the ASan relay cases took 105 s and 1.1 CPUs; at 8,
+# 63 s and the same CPU time.
 set -euo pipefail
 kind=$1 src=$2 tree=$3 main=$4
 profile=${ZCRELAY_SANITIZE_PROFILE:-ci}
-jobs=${ZCRELAY_SANITIZE_JOBS:-4}
+jobs=${ZCRELAY_SANITIZE_JOBS:-$(( $(nproc) * 4 ))}
 case $profile in
     ci) skip='|sanitize-skip' ;;
     full) skip='' ;;
