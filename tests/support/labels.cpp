@@ -1,12 +1,17 @@
 #include "support/labels.hpp"
 
+#include <fcntl.h>
 #include <fnmatch.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <vector>
@@ -28,22 +33,31 @@ std::vector<Declaration>& declarations() {
     return all;
 }
 
-std::vector<std::string> splitCommas(std::string_view s) {
+// "a,b" -> {"a", "b"}; "" -> {}.
+std::vector<std::string> split(std::string_view s, char separator) {
     std::vector<std::string> out;
     while (!s.empty()) {
-        const size_t comma = s.find(',');
-        out.emplace_back(s.substr(0, comma));
-        if (comma == std::string_view::npos) break;
-        s.remove_prefix(comma + 1);
+        const size_t at = s.find(separator);
+        out.emplace_back(s.substr(0, at));
+        if (at == std::string_view::npos) break;
+        s.remove_prefix(at + 1);
     }
     return out;
 }
 
-// What a label makes ctest do besides carrying it (labels.hpp says why).
+// The host-wide resource a label's cases hold one at a time, or nullptr (labels.hpp says why).
+const char* resourceLock(const std::string& label) {
+    if (label == kCpuBound) return "cpu_bound";
+    if (label == kHostPipePages) return "host_pipe_pages";
+    return nullptr;
+}
+
+// What a label makes ctest do besides carrying it.
 std::string extraProperties(const std::string& label) {
-    if (label == kCpuBound) return " PROCESSORS 2 RESOURCE_LOCK cpu_bound COST 1000";
-    if (label == kHostPipePages) return " RESOURCE_LOCK host_pipe_pages";
-    return "";
+    const char* lock = resourceLock(label);
+    const std::string resource = lock ? std::string(" RESOURCE_LOCK ") + lock : "";
+    if (label == kCpuBound) return " PROCESSORS 2" + resource + " COST 1000";
+    return resource;
 }
 
 // The name CMake's gtest_discover_tests gives a case with NO_PRETTY_VALUES
@@ -60,13 +74,8 @@ bool selected(const std::string& full_name) {
     const std::string filter = GTEST_FLAG_GET(filter);
     const size_t dash = filter.find('-');
     auto any = [&](std::string_view globs) {
-        size_t start = 0;
-        while (start <= globs.size()) {
-            const size_t colon = std::min(globs.find(':', start), globs.size());
-            const std::string glob(globs.substr(start, colon - start));
+        for (const std::string& glob : split(globs, ':'))
             if (!glob.empty() && ::fnmatch(glob.c_str(), full_name.c_str(), 0) == 0) return true;
-            start = colon + 1;
-        }
         return false;
     };
     const std::string_view all(filter);
@@ -75,28 +84,9 @@ bool selected(const std::string& full_name) {
     return in && (dash == std::string::npos || !any(all.substr(dash + 1)));
 }
 
-// ctest reads the file as CMake: quote the name, escape what a quoted argument interprets.
-std::string quoted(const std::string& s) {
-    std::string out = "\"";
-    for (char ch : s) {
-        if (ch == '"' || ch == '\\' || ch == '$' || ch == ';') out += '\\';
-        out += ch;
-    }
-    return out + "\"";
-}
-
-}  // namespace
-
-bool declareLabel(const char* suite, const char* test_case, const char* params, const char* label,
-                  const char* why) {
-    declarations().push_back({suite, test_case, splitCommas(params), label, why});
-    return true;
-}
-
-bool writeCtestLabels(const std::string& file, const std::string& base_label,
-                      const std::string& prefix) {
-    // name -> its labels beyond the base one, and the properties they bring.
-    std::map<std::string, std::pair<std::vector<std::string>, std::string>> cases;
+// Calls fn(case, declaration) for each declaration that names a case --gtest_filter selects.
+template <class F>
+void forEachDeclaredCase(F&& fn) {
     const ::testing::UnitTest& unit = *::testing::UnitTest::GetInstance();
     for (int s = 0; s < unit.total_test_suite_count(); ++s) {
         const ::testing::TestSuite& suite = *unit.GetTestSuite(s);
@@ -119,14 +109,40 @@ bool writeCtestLabels(const std::string& file, const std::string& base_label,
                 const std::string param_name(param);
                 for (const std::string& p : d.params)
                     wanted = wanted || ::fnmatch(p.c_str(), param_name.c_str(), 0) == 0;
-                if (!wanted) continue;
-                d.matched = true;
-                auto& [labels, extra] = cases[ctestName(prefix, t)];
-                labels.push_back(d.label);
-                extra += extraProperties(d.label);
+                if (wanted) fn(t, d);
             }
         }
     }
+}
+
+// ctest reads the file as CMake: quote the name, escape what a quoted argument interprets.
+std::string quoted(const std::string& s) {
+    std::string out = "\"";
+    for (char ch : s) {
+        if (ch == '"' || ch == '\\' || ch == '$' || ch == ';') out += '\\';
+        out += ch;
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+bool declareLabel(const char* suite, const char* test_case, const char* params, const char* label,
+                  const char* why) {
+    declarations().push_back({suite, test_case, split(params, ','), label, why});
+    return true;
+}
+
+bool writeCtestLabels(const std::string& file, const std::string& base_label,
+                      const std::string& prefix) {
+    // name -> its labels beyond the base one, and the properties they bring.
+    std::map<std::string, std::pair<std::vector<std::string>, std::string>> cases;
+    forEachDeclaredCase([&](const ::testing::TestInfo& t, Declaration& d) {
+        d.matched = true;
+        auto& [labels, extra] = cases[ctestName(prefix, t)];
+        labels.push_back(d.label);
+        extra += extraProperties(d.label);
+    });
     bool ok = true;
     for (const Declaration& d : declarations()) {
         // A filtered binary (the send_zerocopy reruns) legitimately runs only some cases.
@@ -154,6 +170,29 @@ bool writeCtestLabels(const std::string& file, const std::string& base_label,
         return false;
     }
     return ok;
+}
+
+void holdHostResources() {
+    // A std::set: every process takes its locks in the same order, so two cannot deadlock.
+    std::set<std::string> locks;
+    forEachDeclaredCase([&](const ::testing::TestInfo&, Declaration& d) {
+        if (const char* lock = resourceLock(d.label)) locks.insert(lock);
+    });
+    for (const std::string& name : locks) {
+        const std::string path = "/tmp/zcrelay-test-" + name + ".lock";
+        // O_CLOEXEC: a relay the case starts must not hold the lock after the case is gone.
+        // The descriptor stays open, and the lock held, until this process exits.
+        const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (fd < 0) {
+            std::fprintf(stderr, "cannot open %s (%s): running without that lock\n", path.c_str(),
+                         std::strerror(errno));
+            continue;
+        }
+        if (::flock(fd, LOCK_EX | LOCK_NB) == 0) continue;
+        std::fprintf(stderr, "waiting for %s: another test process holds it\n", path.c_str());
+        while (::flock(fd, LOCK_EX) != 0 && errno == EINTR) {
+        }
+    }
 }
 
 }  // namespace zcrelay::test

@@ -16,13 +16,18 @@
 //   kSanitizeSkip  sanitize-skip: tests/sanitize/run.sh leaves the case out (-LE). The reason
 //                  says why its relay code is run by other cases.
 //   kCpuBound      cpu-bound: PROCESSORS 2 and RESOURCE_LOCK cpu_bound. The case keeps the CPUs
-//                  busy for seconds (100,000 connections, megabytes of YAML to parse) against a
+//                  busy for seconds (40,000 connections, megabytes of YAML to parse) against a
 //                  deadline: it takes two of ctest's -j slots, and no other such case runs
 //                  beside it. The cases that mostly wait still do. COST 1000 starts these
 //                  early (a fresh clone has no timings to order by): one after the other,
 //                  they would otherwise end the run.
 //   kHostPipePages host-pipe-pages: RESOURCE_LOCK host_pipe_pages. The case changes
 //                  /proc/sys/fs/pipe-user-pages-*, which is host-wide, not per network namespace.
+//
+// A RESOURCE_LOCK binds one ctest only, and the sanitizer runs are ctests of their own beside
+// the main one (tests/sanitize/run.sh): their cpu-bound cases ran beside the main run's, and a
+// pipe-pages case of one beside another's. So the test process itself also takes the lock, as
+// an flock on /tmp/zcrelay-test-LOCK.lock, before its first case (holdHostResources).
 #include <gtest/gtest.h>
 
 #include <string>
@@ -42,6 +47,10 @@ bool declareLabel(const char* suite, const char* test_case, const char* params, 
 // `prefix`). Fails (false, with a message on stderr) on a declaration that matches no case.
 bool writeCtestLabels(const std::string& file, const std::string& base_label,
                       const std::string& prefix);
+
+// Takes, until the process exits, the host-wide lock of each label of the cases --gtest_filter
+// selects (cpu_bound, host_pipe_pages), waiting for another test process that holds one.
+void holdHostResources();
 
 }  // namespace zcrelay::test
 

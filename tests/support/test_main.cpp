@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
     if (!labels_file.empty())
         return zcrelay::test::writeCtestLabels(labels_file, base_label, prefix) ? 0 : 1;
     // Listing the cases (ctest's discovery at build time) needs no namespace.
-    if (!GTEST_FLAG_GET(list_tests)) zcrelay::test::isolate();
+    if (!GTEST_FLAG_GET(list_tests)) {
+        zcrelay::test::isolate();
+        zcrelay::test::holdHostResources();
+    }
     return RUN_ALL_TESTS();
 }
