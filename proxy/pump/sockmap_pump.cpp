@@ -10,7 +10,7 @@
 namespace zcrelay {
 
 bool SockmapPump::hasPassed(Sockmap& map) const {
-    return loadRelaxed(map.record(record()).passed) > taken_;
+    return std::min<uint64_t>(loadRelaxed(map.record(record()).passed), end_passed_) > taken_;
 }
 
 Step SockmapPump::start(const PumpPort& p, PumpEnv& env) {
@@ -144,6 +144,15 @@ void SockmapPump::checkEnd(const PumpPort& p, PumpEnv& env, Step& out) {
     // Before the peek, so that what arrives from now on shows as passed bytes, which the copy
     // reads until it finds none left: the end, as in the copy path.
     stopIfEnding(p, env);
+    if (endReached()) {
+        // Not the peek below. After shutdown(SHUT_RD) TCP still queues what the peer sends, and
+        // a read returns it: 0 comes only when the queue happens to be empty (checked on this
+        // kernel). A peer that goes on sending would keep the peek finding bytes, and reading
+        // them would chase its stream until the grace ran out: a reset instead of the FIN
+        // whenever the relay reads slower than the peer sends.
+        startEnding(p, env, out);
+        return;
+    }
     SockmapEof e = checkEof(p.src, p.src_write_shut);
     switch (e.kind) {
         case SockmapEof::Eof:
@@ -152,9 +161,7 @@ void SockmapPump::checkEnd(const PumpPort& p, PumpEnv& env, Step& out) {
                 startCatchUp(p, env, out);
                 return;
             }
-            phase_ = Phase::Ending;
-            barrier_step_ = 0;
-            finBarrier(p, env, out);
+            startEnding(p, env, out);
             return;
         case SockmapEof::Again:
             armBarrier(p, true);
@@ -188,6 +195,8 @@ void SockmapPump::catchUp(const PumpPort& p, PumpEnv& env, Step& out) {
 }
 
 void SockmapPump::advanceCopy(const PumpPort& p, PumpEnv& env, Step& out) {
+    // Ending while copying: the watch's wake-up is ignored in this phase, so stop here.
+    stopIfEnding(p, env);
     // Read only what the program passed. A recv armed with nothing passed would sit on a
     // socket whose bytes the kernel redirects, woken by each skb.
     switch (copy_.advance(p, env, hasPassed(*env.sockmap), RecvWait::Caller)) {
@@ -195,16 +204,25 @@ void SockmapPump::advanceCopy(const PumpPort& p, PumpEnv& env, Step& out) {
             return;
         case CopyPump::Flow::Drained:
             // The FIN: after the kernel's backlog, like any sockmap FIN.
-            phase_ = Phase::Ending;
-            barrier_step_ = 0;
-            finBarrier(p, env, out);
+            startEnding(p, env, out);
             return;
         case CopyPump::Flow::Idle:
+            // Past max_connection_duration with all that came before it moved: the end.
+            if (endReached()) {
+                startEnding(p, env, out);
+                return;
+            }
             // Caught up (consumed == passed): the program redirects again from the next skb.
             phase_ = Phase::Redirecting;
             redirect(p, env, out);
             return;
     }
+}
+
+void SockmapPump::startEnding(const PumpPort& p, PumpEnv& env, Step& out) {
+    phase_ = Phase::Ending;
+    barrier_step_ = 0;
+    finBarrier(p, env, out);
 }
 
 void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
@@ -237,6 +255,9 @@ void SockmapPump::stopIfEnding(const PumpPort& p, PumpEnv& env) {
     if (!p.ending || stopped_) return;
     stopped_ = true;
     stopRedirecting(*env.sockmap, record(), p.src);
+    // No verdict runs any more that could redirect (stopRedirecting waited for the last), so
+    // the bytes passed from here on arrived past the limit.
+    end_passed_ = loadRelaxed(env.sockmap->record(record()).passed);
 }
 
 bool SockmapPump::barrierDone(const PumpPort& p, const SockmapBarrier& b, Step& out) {

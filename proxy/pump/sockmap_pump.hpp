@@ -66,6 +66,10 @@ class SockmapPump {
     uint32_t record() const { return pair_record_ + dir_; }
     uint64_t fold(Sockmap& map);
     bool hasPassed(Sockmap& map) const;
+    // Past max_connection_duration: every byte the program passed before it stopped is taken.
+    bool endReached() const { return stopped_ && taken_ >= end_passed_; }
+    // To the FIN: what this direction moved must reach dst first (finBarrier).
+    void startEnding(const PumpPort& p, PumpEnv& env, Step& out);
     bool eofSeen() const { return phase_ >= Phase::Ending || copy_.eof(); }
     // Back to the kernel path: watch for the FIN, unless passed bytes or the FIN wait.
     void redirect(const PumpPort& p, PumpEnv& env, Step& out);
@@ -93,6 +97,9 @@ class SockmapPump {
     uint32_t dst_extra_;
     uint64_t seen_ = 0;          // record.redirected already folded into the byte counts
     uint64_t taken_ = 0;         // passed bytes received by user space
+    // record.passed when the program stopped redirecting (stopIfEnding): what it passes after
+    // that is what the peer sent past max_connection_duration, which stays unread.
+    uint64_t end_passed_ = UINT64_MAX;
     uint64_t consumed_ = 0;      // of those, bytes sent to dst or skipped (mirrored in the record)
     uint64_t copied_ = 0;        // of those, bytes sent to dst
     uint64_t barrier_left_ = 0;  // bytes the barrier still waited for last time
