@@ -1,9 +1,12 @@
 #include "pump/splice_pump.hpp"
 
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace zcrelay {
@@ -130,13 +133,20 @@ SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size
         pipe = *fresh;
     }
     bool stuck_nonempty = false;  // a 0-byte splice with data still waiting on src
+    if (ending && end_left_ == UINT64_MAX) {
+        int queued = 0;
+        end_left_ = ::ioctl(src, SIOCINQ, &queued) == 0 && queued > 0 ? queued : 0;
+    }
     for (;;) {
         bool progress = false;
         bool src_emptied = false;
+        if (ending && end_left_ == 0) eof = true;  // what came before the end is read
         if (!eof && in_pipe < pipe.capacity) {
             uint32_t asked = pipe.capacity - in_pipe;
+            if (ending) asked = static_cast<uint32_t>(std::min<uint64_t>(asked, end_left_));
             ssize_t n = ::splice(src, nullptr, pipe.write_fd, nullptr, asked, kSpliceFlags);
             if (n > 0) {
+                if (ending) end_left_ -= std::min<uint64_t>(end_left_, static_cast<uint64_t>(n));
                 in_pipe += static_cast<uint32_t>(n);
                 progress = true;
                 src_emptied = n < kSmallRead && static_cast<uint32_t>(n) < asked;

@@ -70,6 +70,10 @@ class SplicePump {
     Pipe pipe_;              // held only while bytes are moving (and through short pauses)
     uint32_t in_pipe_ = 0;   // bytes read into the pipe and not yet written out
     bool eof_ = false;       // src returned end of stream
+    // Past max_connection_duration: what src still has to give, counted when the end began
+    // (SIOCINQ). TCP queues what the peer sends after shutdown(SHUT_RD) and splice returns it,
+    // so reading to "empty" would chase a peer that keeps sending until the grace reset it.
+    uint64_t end_left_ = UINT64_MAX;
     bool done_ = false;      // the FIN was passed on
     bool poll_in_ = false;   // POLLIN armed on src
     bool poll_out_ = false;  // POLLOUT armed on dst
