@@ -78,6 +78,7 @@ static_assert(
 
 struct Direction {
     bool finished = false;  // src's FIN was passed on: dst is shut down for writing
+    uint32_t end_left = 0;  // max_connection_duration: what is left to read (PumpPort::end_left)
     Pump pump;
 
     DataPath path() const { return static_cast<DataPath>(pump.index()); }

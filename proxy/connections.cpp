@@ -513,6 +513,7 @@ PumpPort Connections::port(Conn& c, uint32_t slot, int d) {
                     static_cast<uint32_t>(listenerConfig(c).pipe_size),
                     lstats(c),
                     c.ending,
+                    c.ending ? &c.dir[d].end_left : nullptr,
                     listenerConfig(c).send_zerocopy};
 }
 
@@ -639,12 +640,15 @@ void Connections::endGracefully(Conn& c, uint32_t slot) {
     // sends, and that peer's bytes may still be on their way to the other side. Once both
     // directions are done, finishDirection sends both FINs and the connection closes: each
     // peer has every byte the relay took from the other, then a FIN. What a peer sent after
-    // the relay stopped reading stays unread, and close() answers it with an RST.
+    // the relay stopped reading stays unread, and close() answers it with an RST. "After"
+    // is counted, not left to the socket: TCP still queues what a peer sends once the reading
+    // side is shut, and a read returns it (PumpPort::end_left).
     c.ending = true;
     LOG_DEBUG("%s: slot %u reached max_connection_duration, ending it",
               listenerConfig(c).name.c_str(), slot);
     for (int d = 0; d < 2; ++d)
-        if (!c.dir[d].finished && c.fd[d] >= 0) ::shutdown(c.fd[d], SHUT_RD);
+        c.dir[d].end_left =
+            !c.dir[d].finished && c.fd[d] >= 0 ? endForDuration(c.fd[d]) : 0;
 }
 
 void Connections::retryStarved() {

@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace zcrelay {
@@ -174,6 +175,12 @@ Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uin
                 return out;
             }
             out.active = got == Got::Data;
+            if (got == Got::Data && p.end_left) {
+                // Ending: past what src held when the end began, what comes is the peer's
+                // sent after it (PumpPort::end_left). What this recv took still goes out.
+                *p.end_left -= std::min(*p.end_left, static_cast<uint32_t>(res));
+                if (*p.end_left == 0) eof_ = true;
+            }
             break;
         }
         case Op::Send: {

@@ -1,6 +1,8 @@
 #include "pump/pump.hpp"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -24,6 +26,14 @@ int pendingError(int fd) {
     socklen_t len = sizeof err;
     ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
     return err != 0 ? err : ECONNRESET;
+}
+
+uint32_t endForDuration(int src) {
+    // Shut first, then count: a byte that lands in between is counted and read, one that lands
+    // after is the peer's sent past the end, which stays unread.
+    ::shutdown(src, SHUT_RD);
+    int queued = 0;
+    return ::ioctl(src, SIOCINQ, &queued) == 0 && queued > 0 ? static_cast<uint32_t>(queued) : 0;
 }
 
 }  // namespace zcrelay

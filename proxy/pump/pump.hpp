@@ -85,6 +85,14 @@ struct PumpPort {
     // with an RST, tcp_rcv_state_process() in FIN_WAIT1/2), and a reset source, which is that
     // RST's echo on a socket already half-closed, ends its direction like a FIN.
     bool ending = false;
+    // While ending: what src held when the end began (endForDuration), less what has been read
+    // since; at 0 the direction reads no more. TCP goes on queueing what the peer sends after
+    // shutdown(SHUT_RD), and a read returns it, so "read until empty" would chase a client that
+    // keeps uploading until the grace reset it. Null while not ending. A splice direction reads
+    // at most this much; a copy direction's recv may already be armed for a whole buffer, so it
+    // can take one buffer past it, never more. A sockmap direction counts what its program
+    // passed instead (sockmap_pump.hpp): its bytes do not wait in src's receive queue.
+    uint32_t* end_left = nullptr;
     // send_zerocopy: the listener lets large copy sends lend their buffer to the kernel
     // (copy_pump.hpp).
     bool zerocopy = false;
@@ -129,5 +137,10 @@ struct SourceWatch {
 // The errno a POLLERR on `fd` stands for (SO_ERROR, which it reads and clears), ECONNRESET if
 // the socket reports none.
 int pendingError(int fd);
+
+// max_connection_duration, for a direction's source: shuts its reading side (a read then
+// returns what is queued, then 0, and whoever waits on it wakes) and returns how many bytes were
+// queued then (SIOCINQ), which is all the direction reads from now on (PumpPort::end_left).
+uint32_t endForDuration(int src);
 
 }  // namespace zcrelay

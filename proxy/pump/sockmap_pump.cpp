@@ -142,7 +142,7 @@ void SockmapPump::onWatch(const PumpPort& p, PumpEnv& env, int res, Step& out) {
 
 void SockmapPump::checkEnd(const PumpPort& p, PumpEnv& env, Step& out) {
     // Before the peek, so that what arrives from now on shows as passed bytes, which the copy
-    // reads until it finds none left: the end, as in the copy path.
+    // reads up to what had passed when the program stopped (endReached).
     stopIfEnding(p, env);
     if (endReached()) {
         // Not the peek below. After shutdown(SHUT_RD) TCP still queues what the peer sends, and

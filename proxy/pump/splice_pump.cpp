@@ -1,9 +1,7 @@
 #include "pump/splice_pump.hpp"
 
 #include <fcntl.h>
-#include <linux/sockios.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -89,7 +87,7 @@ Step SplicePump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, u
 Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
     Step out;
     if (done_) return out;
-    SpliceStep step = move(p.src, p.dst, env.pipes, p.pipe_size, out.moved, p.ending);
+    SpliceStep step = move(p.src, p.dst, env.pipes, p.pipe_size, out.moved, p.ending, p.end_left);
     switch (step.kind) {
         case SpliceStep::WaitRead:
             env.stats.splice_eagain[p.dir][0].add();
@@ -122,7 +120,7 @@ Step SplicePump::pump(const PumpPort& p, PumpEnv& env) {
 }
 
 SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved,
-                            bool ending) {
+                            bool ending, uint32_t* end_left) {
     Pipe& pipe = pipe_;
     uint32_t& in_pipe = in_pipe_;
     bool& eof = eof_;
@@ -133,20 +131,16 @@ SpliceStep SplicePump::move(int src, int dst, PipePool& pool, uint32_t pipe_size
         pipe = *fresh;
     }
     bool stuck_nonempty = false;  // a 0-byte splice with data still waiting on src
-    if (ending && end_left_ == UINT64_MAX) {
-        int queued = 0;
-        end_left_ = ::ioctl(src, SIOCINQ, &queued) == 0 && queued > 0 ? queued : 0;
-    }
     for (;;) {
         bool progress = false;
         bool src_emptied = false;
-        if (ending && end_left_ == 0) eof = true;  // what came before the end is read
+        if (end_left && *end_left == 0) eof = true;  // what came before the end is read
         if (!eof && in_pipe < pipe.capacity) {
             uint32_t asked = pipe.capacity - in_pipe;
-            if (ending) asked = static_cast<uint32_t>(std::min<uint64_t>(asked, end_left_));
+            if (end_left) asked = std::min(asked, *end_left);
             ssize_t n = ::splice(src, nullptr, pipe.write_fd, nullptr, asked, kSpliceFlags);
             if (n > 0) {
-                if (ending) end_left_ -= std::min<uint64_t>(end_left_, static_cast<uint64_t>(n));
+                if (end_left) *end_left -= static_cast<uint32_t>(n);  // n <= asked <= *end_left
                 in_pipe += static_cast<uint32_t>(n);
                 progress = true;
                 src_emptied = n < kSmallRead && static_cast<uint32_t>(n) < asked;

@@ -52,9 +52,9 @@ class SplicePump {
     void reclaim(PumpEnv&) {}
     // Moves what can be moved now from src to dst through the pipe; `moved` gets the bytes
     // written to dst. Never blocks, arms nothing (start/onCompletion do).
-    // `ending`: PumpPort::ending.
+    // `ending`, `end_left`: PumpPort::ending and PumpPort::end_left.
     SpliceStep move(int src, int dst, PipePool& pool, uint32_t pipe_size, uint64_t& moved,
-                    bool ending = false);
+                    bool ending = false, uint32_t* end_left = nullptr);
     // Gives an empty pipe back to the pool; false when there is none or it still holds bytes.
     bool releaseIdle(PipePool& pool);
     // A direction that falls back to copy keeps its watch on src (one poll per socket).
@@ -70,10 +70,6 @@ class SplicePump {
     Pipe pipe_;              // held only while bytes are moving (and through short pauses)
     uint32_t in_pipe_ = 0;   // bytes read into the pipe and not yet written out
     bool eof_ = false;       // src returned end of stream
-    // Past max_connection_duration: what src still has to give, counted when the end began
-    // (SIOCINQ). TCP queues what the peer sends after shutdown(SHUT_RD) and splice returns it,
-    // so reading to "empty" would chase a peer that keeps sending until the grace reset it.
-    uint64_t end_left_ = UINT64_MAX;
     bool done_ = false;      // the FIN was passed on
     bool poll_in_ = false;   // POLLIN armed on src
     bool poll_out_ = false;  // POLLOUT armed on dst

@@ -141,6 +141,7 @@ struct Dir {
     uint8_t dir = 0;
     uint32_t inflight = 0;
     bool ending = false;
+    uint32_t end_left = 0;  // while ending: PumpPort::end_left
     bool zerocopy = false;
     bool src_write_shut = false;
     uint32_t pipe_size = 64 * 1024;  // no growth past the start size unless a test asks
@@ -226,6 +227,7 @@ class Rig {
                         d.src(),          d.dst(),
                         d.src_write_shut, d.pipe_size,
                         counts,           d.ending,
+                        d.ending ? &d.end_left : nullptr,
                         d.zerocopy};
     }
 

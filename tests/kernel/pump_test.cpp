@@ -187,10 +187,12 @@ TEST_P(PumpPath, ASourceResetIsSeenWhileDstIsFull) {
 
 TEST_P(PumpPath, WhileEndingTheFinIsKept) {
     connect();
-    d_.ending = true;
     ASSERT_TRUE(test::writeAll(d_.writer(), "abc", 3).ok());
+    ASSERT_TRUE(waitFd(d_.src(), POLLIN));
     // What Connections::endGracefully does at max_connection_duration.
-    ASSERT_EQ(::shutdown(d_.src(), SHUT_RD), 0);
+    d_.ending = true;
+    d_.end_left = endForDuration(d_.src());
+    ASSERT_EQ(d_.end_left, 3u);
     rig_->start(d_, pump_);
     Seen s = rig_->drive(d_, pump_);
     ASSERT_EQ(s.last.kind, Step::Finished) << describe(s);
@@ -206,10 +208,44 @@ TEST_P(PumpPath, WhileEndingASourceResetEndsTheDirectionLikeAFin) {
     test::closeWithReset(d_.in.peer);
     ASSERT_TRUE(waitFd(d_.src(), POLLERR | POLLHUP));
     d_.ending = true;
+    d_.end_left = endForDuration(d_.src());
     rig_->start(d_, pump_);
     Seen s = rig_->drive(d_, pump_);
     ASSERT_EQ(s.last.kind, Step::Finished) << describe(s);
     EXPECT_EQ(tcpState(d_.dst()), TCP_ESTABLISHED);
+    closeAndExpectNothingLeft();
+}
+
+// TCP goes on queueing what the peer sends after shutdown(SHUT_RD), and a read returns it: a
+// direction that read until src was empty chased a client that kept uploading until the grace
+// reset the connection (LifetimeTest.MaxDurationEndsAnUploadWithAnExactPrefixAndEofAtTheBackend
+// under the ASan relay). It reads what src held when the end began, at most one recv more.
+TEST_P(PumpPath, WhileEndingWhatThePeerSendsAfterTheEndIsNotRead) {
+    connect();
+    ASSERT_TRUE(test::writeAll(d_.writer(), "abc", 3).ok());
+    ASSERT_TRUE(waitFd(d_.src(), POLLIN));
+    d_.ending = true;
+    d_.end_left = endForDuration(d_.src());
+    ASSERT_EQ(d_.end_left, 3u);
+    // 256 KiB more, queued behind the three bytes before the pump reads any of them.
+    std::string after(256 * 1024, 'z');
+    test::setNonBlocking(d_.writer(), true);
+    size_t sent = 0;
+    while (sent < after.size()) {
+        ssize_t n = ::send(d_.writer(), after.data() + sent, after.size() - sent, MSG_DONTWAIT);
+        if (n <= 0) break;  // src's receive queue is full: enough is queued
+        sent += static_cast<size_t>(n);
+    }
+    ASSERT_GT(sent, RigOptions{}.buffer_size) << "the peer could not queue more than one recv";
+    rig_->start(d_, pump_);
+    Seen s = rig_->drive(d_, pump_);
+    ASSERT_EQ(s.last.kind, Step::Finished) << describe(s);
+    EXPECT_EQ(tcpState(d_.dst()), TCP_ESTABLISHED);
+    // Splice asks for exactly what is left; a copy recv is armed for a whole buffer.
+    uint64_t most = GetParam() == DataPath::Splice ? 3 : RigOptions{}.buffer_size;
+    EXPECT_GE(s.moved, 3u);
+    EXPECT_LE(s.moved, most);
+    EXPECT_EQ(readN(d_.reader(), s.moved), "abc" + after.substr(0, s.moved - 3));
     closeAndExpectNothingLeft();
 }
 
