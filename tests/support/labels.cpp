@@ -172,6 +172,22 @@ bool writeCtestLabels(const std::string& file, const std::string& base_label,
     return ok;
 }
 
+void leaveOutLabelled(const std::string& labels) {
+    const std::vector<std::string> wanted = split(labels, ',');
+    std::set<std::string> names;  // a case may declare two of them
+    forEachDeclaredCase([&](const ::testing::TestInfo& t, Declaration& d) {
+        if (std::find(wanted.begin(), wanted.end(), d.label) != wanted.end())
+            names.insert(std::string(t.test_suite_name()) + "." + t.name());
+    });
+    if (names.empty()) return;
+    std::string filter = GTEST_FLAG_GET(filter);
+    for (const std::string& name : names) {
+        filter += filter.find('-') == std::string::npos ? "-" : ":";
+        filter += name;
+    }
+    GTEST_FLAG_SET(filter, filter);
+}
+
 void holdHostResources() {
     // A std::set: every process takes its locks in the same order, so two cannot deadlock.
     std::set<std::string> locks;

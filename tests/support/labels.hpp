@@ -48,6 +48,11 @@ bool declareLabel(const char* suite, const char* test_case, const char* params, 
 bool writeCtestLabels(const std::string& file, const std::string& base_label,
                       const std::string& prefix);
 
+// Adds to --gtest_filter's negative patterns every case that declares one of `labels`
+// (comma-separated): what `ctest -LE` does for cases ctest runs one by one, for a binary that runs
+// as one process (the sanitizer trees' unit cases, tests/CMakeLists.txt).
+void leaveOutLabelled(const std::string& labels);
+
 // Takes, until the process exits, the host-wide lock of each label of the cases --gtest_filter
 // selects (cpu_bound, host_pipe_pages), waiting for another test process that holds one.
 void holdHostResources();

@@ -64,5 +64,23 @@ TEST(Labels, CarryTheRerunsPrefix) {
               std::string::npos);
 }
 
+// A binary run as one process (the sanitizer trees' unit cases) leaves out what ctest's -LE
+// would, by adding the labelled instances to the filter's negative part, after what it had.
+TEST(Labels, LeftOutCasesJoinTheFiltersNegativePatterns) {
+    const std::string filter = GTEST_FLAG_GET(filter);
+    GTEST_FLAG_SET(filter, "*Labelled*-Other.Case");
+    leaveOutLabelled("sanitize-skip,unknown-label");
+    const std::string got = GTEST_FLAG_GET(filter);
+    GTEST_FLAG_SET(filter, "*Labelled*");
+    leaveOutLabelled("cpu-bound");
+    const std::string only_cpu = GTEST_FLAG_GET(filter);
+    GTEST_FLAG_SET(filter, filter);
+    EXPECT_EQ(got,
+              "*Labelled*-Other.Case:LabelledPlain.CarriesTwoLabels:"
+              "Modes/LabelledByMode.OnlyTheDeclaredInstancesCarryTheLabel/copy:"
+              "Modes/LabelledByMode.OnlyTheDeclaredInstancesCarryTheLabel/sockmap");
+    EXPECT_EQ(only_cpu, "*Labelled*-LabelledPlain.CarriesTwoLabels");
+}
+
 }  // namespace
 }  // namespace zcrelay::test
