@@ -189,83 +189,124 @@ std::string_view reasonLabel(CloseReason reason) {
     return idx(reason) < idx(CloseReason::kCount) ? label(reason) : std::string_view("unknown");
 }
 
+// One field of a line, as both formats write it.
+struct FieldValue {
+    enum Kind : uint8_t {
+        Time,         // start_unix_us, RFC 3339 UTC
+        Text,         // a string, escaped per format
+        Count,        // an unsigned number
+        Millis,       // microseconds written as milliseconds with three decimals
+        MaybeMillis,  // the same, or absent (negative): null in JSON, "-" in text
+    } kind;
+    std::string_view text = {};
+    int64_t number = 0;
+};
+
+// The fields of a record, in line order: the only list of them. `json` names the key; `text`
+// is what precedes the value on a text line (a separator, or a separator and the key).
+struct AccessField {
+    std::string_view json;
+    std::string_view text;
+    FieldValue (*value)(const AccessRecord& r, std::string_view client);
+};
+
+constexpr AccessField kAccessFields[] = {
+    {"time", "", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Time, {}, r.start_unix_us};
+     }},
+    {"listener", " ", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.listener)};
+     }},
+    {"client", " ", [](const AccessRecord&, std::string_view client) {
+         return FieldValue{FieldValue::Text, client};
+     }},
+    {"cluster", " ", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.cluster)};
+     }},
+    {"backend", "/", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.backend)};
+     }},
+    {"attempts", " attempts=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Count, {}, r.attempts};
+     }},
+    {"connect_ms", " connect_ms=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::MaybeMillis, {}, r.connect_us};
+     }},
+    {"duration_ms", " duration_ms=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Millis, {}, static_cast<int64_t>(r.duration_us)};
+     }},
+    {"bytes_up", " up=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Count, {}, static_cast<int64_t>(r.bytes_upstream)};
+     }},
+    {"bytes_down", " down=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Count, {}, static_cast<int64_t>(r.bytes_downstream)};
+     }},
+    {"termination", " ", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, reasonLabel(r.reason)};
+     }},
+    {"path", " ", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.path)};
+     }},
+    {"route", " route=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.route)};
+     }},
+    {"sni", " sni=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.sni)};
+     }},
+    {"alpn", " alpn=", [](const AccessRecord& r, std::string_view) {
+         return FieldValue{FieldValue::Text, fieldView(r.alpn)};
+     }},
+};
+
+// A value as JSON (strings quoted and escaped, an absent connect time null) or as a word of a
+// text line (escaped, "-" when absent).
+void appendValue(std::string& out, const FieldValue& v, bool json) {
+    switch (v.kind) {
+        case FieldValue::Time:
+            if (json) out += '"';
+            appendTime(out, v.number);
+            if (json) out += '"';
+            return;
+        case FieldValue::Text:
+            if (json)
+                appendJsonString(out, v.text);
+            else
+                appendTextField(out, v.text);
+            return;
+        case FieldValue::Count:
+            appendUint(out, static_cast<uint64_t>(v.number));
+            return;
+        case FieldValue::MaybeMillis:
+            if (v.number < 0) {
+                out += json ? "null" : "-";
+                return;
+            }
+            [[fallthrough]];
+        case FieldValue::Millis:
+            appendMillis(out, static_cast<uint64_t>(v.number));
+            return;
+    }
+}
+
 }  // namespace
 
 void formatAccessRecord(const AccessRecord& r, AccessLogFormat f, std::string& out) {
     const std::string client = r.client.toString();
-    if (f == AccessLogFormat::Json) {
-        out += "{\"time\":\"";
-        appendTime(out, r.start_unix_us);
-        out += "\",\"listener\":";
-        appendJsonString(out, fieldView(r.listener));
-        out += ",\"client\":";
-        appendJsonString(out, client);
-        out += ",\"cluster\":";
-        appendJsonString(out, fieldView(r.cluster));
-        out += ",\"backend\":";
-        appendJsonString(out, fieldView(r.backend));
-        out += ",\"attempts\":";
-        appendUint(out, r.attempts);
-        out += ",\"connect_ms\":";
-        if (r.connect_us < 0) {
-            out += "null";
+    const bool json = f == AccessLogFormat::Json;
+    bool first = true;
+    for (const AccessField& field : kAccessFields) {
+        const FieldValue v = field.value(r, client);
+        if (json) {
+            out += first ? "{\"" : ",\"";
+            out += field.json;
+            out += "\":";
         } else {
-            appendMillis(out, static_cast<uint64_t>(r.connect_us));
+            out += field.text;
         }
-        out += ",\"duration_ms\":";
-        appendMillis(out, r.duration_us);
-        out += ",\"bytes_up\":";
-        appendUint(out, r.bytes_upstream);
-        out += ",\"bytes_down\":";
-        appendUint(out, r.bytes_downstream);
-        out += ",\"termination\":";
-        appendJsonString(out, reasonLabel(r.reason));
-        out += ",\"path\":";
-        appendJsonString(out, fieldView(r.path));
-        out += ",\"route\":";
-        appendJsonString(out, fieldView(r.route));
-        out += ",\"sni\":";
-        appendJsonString(out, fieldView(r.sni));
-        out += ",\"alpn\":";
-        appendJsonString(out, fieldView(r.alpn));
-        out += "}\n";
-        return;
+        appendValue(out, v, json);
+        first = false;
     }
-
-    appendTime(out, r.start_unix_us);
-    out += ' ';
-    appendTextField(out, fieldView(r.listener));
-    out += ' ';
-    appendTextField(out, client);
-    out += ' ';
-    appendTextField(out, fieldView(r.cluster));
-    out += '/';
-    appendTextField(out, fieldView(r.backend));
-    out += " attempts=";
-    appendUint(out, r.attempts);
-    out += " connect_ms=";
-    if (r.connect_us < 0) {
-        out += '-';
-    } else {
-        appendMillis(out, static_cast<uint64_t>(r.connect_us));
-    }
-    out += " duration_ms=";
-    appendMillis(out, r.duration_us);
-    out += " up=";
-    appendUint(out, r.bytes_upstream);
-    out += " down=";
-    appendUint(out, r.bytes_downstream);
-    out += ' ';
-    appendTextField(out, reasonLabel(r.reason));
-    out += ' ';
-    appendTextField(out, fieldView(r.path));
-    out += " route=";
-    appendTextField(out, fieldView(r.route));
-    out += " sni=";
-    appendTextField(out, fieldView(r.sni));
-    out += " alpn=";
-    appendTextField(out, fieldView(r.alpn));
-    out += '\n';
+    out += json ? "}\n" : "\n";
 }
 
 AccessLog::AccessLog(std::string path, AccessLogFormat format, unsigned producers,
