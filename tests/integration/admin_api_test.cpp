@@ -113,13 +113,6 @@ class TaggedBackend {
     ScriptedUpstream up_;
 };
 
-// The tag of the backend serving `fd`, or 0 if none answered within the timeout.
-char servedBy(const Fd& fd, Millis timeout = Millis{20'000}) {
-    char tag = 0;
-    IoResult r = readExactly(fd.get(), &tag, 1, timeout);
-    return r.ok() ? tag : 0;
-}
-
 // `n` short connections through the relay, one after the other: the tags that served them.
 std::map<char, int> spread(const std::string& host, uint16_t port, int n) {
     std::map<char, int> count;

@@ -169,14 +169,6 @@ Fd connectFrom(const std::string& source, uint16_t port) {
     return fd;
 }
 
-// The tag of the backend serving `fd`, or 0 if none answered within the timeout (the relay
-// closed the client, or no backend took it).
-char servedBy(const Fd& fd, Millis timeout = Millis{20'000}) {
-    char tag = 0;
-    IoResult r = readExactly(fd.get(), &tag, 1, timeout);
-    return r.status == IoStatus::Ok ? tag : 0;
-}
-
 struct BackendLine {
     std::string address;
     int weight = 1;

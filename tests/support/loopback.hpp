@@ -133,6 +133,13 @@ IoResult readSome(int fd, void* data, size_t cap, Millis timeout = kDefaultIoTim
 // Ok only when all `len` bytes arrived; Eof if the peer closed before.
 IoResult readExactly(int fd, void* data, size_t len, Millis timeout = kDefaultIoTimeout,
                      CancelFlag cancel = nullptr);
+// The one-byte tag a tagged backend sends first (the cluster and runtime API cases tell their
+// backends apart by it), or 0 if none came within `timeout`: the relay closed the client, or no
+// backend took it.
+inline char servedBy(const Fd& fd, Millis timeout = Millis{20'000}) {
+    char tag = 0;
+    return readExactly(fd.get(), &tag, 1, timeout).ok() ? tag : 0;
+}
 // Reads until EOF (status Eof on success: that is what was asked for). Keeps at most `limit`
 // bytes in `out`; further bytes are counted and dropped.
 IoResult readUntilEof(int fd, std::string& out, Millis timeout = kDefaultIoTimeout,
