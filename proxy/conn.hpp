@@ -12,8 +12,8 @@
 //                     ▼ every SQE issued for the slot has completed
 //                   Free
 //
-//   [ ] a step taken only when needed: Accepted may go to any later one, Queued to any later
-//   one but Relaying, ReadingProxy to Inspecting or Connecting. Into Closing: refused (a
+//   [ ] a step taken only when needed: Accepted and Queued may go to any later one but
+//   Relaying, ReadingProxy to Inspecting or Connecting. Into Closing: refused (a
 //   limit), drain, a bad or slow PROXY header, no route, no backend, every connect failed;
 //   from Relaying: both directions finished, a reset or error, idle, a half-closed side silent
 //   past its fin timeout, max_connection_duration, drain.
@@ -28,7 +28,7 @@
 //               stay in the socket for the backend.
 //   Connecting  a connect to the backend the cluster picked is in flight, bounded by a linked
 //               timeout; a failure tries another backend (retries) within connect_timeout
-//               (upstream_side.hpp).
+//               (upstream.hpp).
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
