@@ -202,7 +202,7 @@ const Key<AccessLogConfig> kAccessLogKeys[] = {
      .kind = Kind::Choice,
      .member = &AccessLogConfig::format,
      .fallback = "json",
-     .help = "json: one JSON object per line; text: space-separated fields (README)"},
+     .help = "json: one JSON object per line; text: space-separated fields (docs/configuring.md)"},
 };
 
 const Key<KeepaliveConfig> kKeepaliveKeys[] = {

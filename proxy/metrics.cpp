@@ -219,7 +219,7 @@ class Collector : public prometheus::Collectable {
                        MetricType::Counter);
         dropped.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
         Family signals("zcrelay_signals_total",
-                       "Signals taken, by name (what each does: README, Signals).",
+                       "Signals taken, by name (what each does: docs/operating.md, Signals).",
                        MetricType::Counter);
         for (size_t i = 0; i < kSignals.size(); ++i)
             signals.add({{"signal", std::string(kSignals[i].name)}},

@@ -1,6 +1,6 @@
 #pragma once
 // The signals zcrelay takes, and what each does: one table, read by main() (which signals it
-// blocks and waits for), the metrics (zcrelay_signals_total{signal}) and the README's table.
+// blocks and waits for), the metrics (zcrelay_signals_total{signal}) and the table in docs/operating.md.
 //
 // Every signal here is blocked in every thread before the first one starts and taken by the
 // main thread alone with sigtimedwait(), so none of them runs a handler, interrupts a worker's
@@ -26,7 +26,7 @@ struct SignalSpec {
     int signo;
     std::string_view name;  // "SIGHUP": the log's word and the metric's label
     SignalAction action;
-    std::string_view what;  // for the README and the "ignored" log line
+    std::string_view what;  // for docs/operating.md and the "ignored" log line
 };
 
 inline constexpr std::array kSignals = {

@@ -10,7 +10,7 @@
 #   - from MAIN_TREE, the integration cases that drive the relay through its sockets, run
 #     against BUILD_DIR's relay (ZCRELAY_TEST_RELAY). Their harness is not sanitized, the relay
 #     is. Compiling them again was half of this tree's build; a hand-made sanitizer tree
-#     (README, "Sanitizers") still builds and runs them all sanitized.
+#     (docs/testing.md, "Sanitizers") still builds and runs them all sanitized.
 #
 # A report fails the run: a sanitized test binary exits non-zero with one (UBSan aborts: the
 # tree builds with -fno-sanitize-recover), and RelayProcess fails any test whose relay printed

@@ -11,21 +11,22 @@ namespace zcrelay {
 namespace {
 
 std::string readme() {
-    std::ifstream in(std::string(ZCRELAY_SOURCE_DIR) + "/README.md");
+    std::ifstream in(std::string(ZCRELAY_SOURCE_DIR) + "/docs/operating.md");
     std::stringstream text;
     text << in.rdbuf();
     return text.str();
 }
 
-// The README's signal table is the one operators read; kSignals is the one the process obeys.
+// The signal table in docs/operating.md is the one operators read; kSignals is the one the
+// process obeys.
 // Every signal the relay takes has its row, saying what the table here says, and no row names a
 // signal it does not take.
-TEST(Signals, TheReadmeTableIsTheTableTheRelayObeys) {
+TEST(Signals, TheOperatorsTableIsTheTableTheRelayObeys) {
     const std::string text = readme();
-    ASSERT_FALSE(text.empty()) << "README.md not found under " << ZCRELAY_SOURCE_DIR;
+    ASSERT_FALSE(text.empty()) << "docs/operating.md not found under " << ZCRELAY_SOURCE_DIR;
     for (const SignalSpec& s : kSignals) {
         const std::string row = "| `" + std::string(s.name) + "` | " + std::string(s.what) + " |";
-        EXPECT_NE(text.find(row), std::string::npos) << "README.md lacks the row\n" << row;
+        EXPECT_NE(text.find(row), std::string::npos) << "docs/operating.md lacks the row\n" << row;
     }
     const size_t table = text.find("| signal | what zcrelay does |");
     ASSERT_NE(table, std::string::npos);
@@ -35,7 +36,7 @@ TEST(Signals, TheReadmeTableIsTheTableTheRelayObeys) {
     std::getline(lines, line);  // |---|---|
     size_t rows = 0;
     while (std::getline(lines, line) && line.rfind("| `SIG", 0) == 0) ++rows;
-    EXPECT_EQ(rows, kSignals.size()) << "rows in the README's table";
+    EXPECT_EQ(rows, kSignals.size()) << "rows in docs/operating.md's table";
 }
 
 TEST(Signals, EachSignalOnceAndNoneThatCannotBeCaught) {
