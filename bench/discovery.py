@@ -453,7 +453,7 @@ def scale_report(runs, quick, host, kernel, out_records):
     p("**Connections per backend, per phase** (the second half of each phase, so the moves have settled): "
       "active connections as the relay reports them (`zcrelay_backend_connections_active`, mean of the "
       "250 ms samples) / as the backend counts them itself / new connections per second at the backend. "
-      "The relay drops a backend's series when it leaves DNS (README: \"Its metric series go with it\"), "
+      "The relay drops a backend's series when it leaves DNS (docs/configuring.md: \"Its metric series go with it\"), "
       "so a removed backend's live connections show only in the backend's own count (the relay's "
       "`zcrelay_connections_active{listener}` still counts them).")
     p()

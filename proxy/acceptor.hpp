@@ -7,7 +7,8 @@
 // the fds the process needs for itself (its metrics socket) are. Nor did it pay: measured
 // without that guard against 16 single-shot accepts armed, io_uring_enter calls per connection
 // went from 0.25-0.27 to 0.38-0.74 and task-work runs from 0.44-0.49 to 0.62-1.21, and the
-// connection rate was within noise (bench/costs.sh and bench/ab.sh; bench/results/README.md, "Small work").
+// connection rate was within noise (bench/costs.sh and bench/ab.sh; bench/results/README.md,
+// "Small work").
 //
 // Accepting stops in two ways, and clients wait in the kernel's accept queue meanwhile:
 //   at a limit   a listener at max_connections stops arming (limitPaused); the worker
