@@ -403,13 +403,7 @@ class Haproxy {
 
     ::testing::AssertionResult start(int family, const std::string& server_line) {
         return process_.start(family, [&](const std::string& bind) {
-            return "global\n"
-                   "    maxconn 64\n"
-                   "defaults\n"
-                   "    mode tcp\n"
-                   "    timeout connect 5s\n"
-                   "    timeout client 30s\n"
-                   "    timeout server 30s\n"
+            return haproxyTcpPreamble() +
                    "frontend fe\n"
                    "    bind " +
                    bind +

@@ -1454,14 +1454,7 @@ class HaproxyRouter {
         // zcrelay's inspect_max_size here, holds 64 KiB. The ACLs say what kRoutes says:
         // -i for case; a regex for "exactly one label"; ALPN alone.
         return process_.start(AF_INET, [&](const std::string& bind) {
-            return "global\n"
-                   "    maxconn 64\n"
-                   "    tune.bufsize 65536\n"
-                   "defaults\n"
-                   "    mode tcp\n"
-                   "    timeout connect 5s\n"
-                   "    timeout client 30s\n"
-                   "    timeout server 30s\n"
+            return haproxyTcpPreamble("    tune.bufsize 65536\n") +
                    "frontend fe\n"
                    "    bind " +
                    bind +

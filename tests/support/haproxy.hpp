@@ -16,6 +16,20 @@ namespace zcrelay::test {
 // True when /proc/net/tcp (tcp6 for AF_INET6) lists a socket in LISTEN on loopback port `port`.
 bool listeningOn(int family, uint16_t port);
 
+// The start of every cross-check's config: HAProxy in `mode tcp` with the timeouts the relay's
+// cases use, `global_extra` ("    tune.bufsize 65536\n") among the global settings. The case
+// appends its frontend and backends.
+inline std::string haproxyTcpPreamble(const std::string& global_extra = "") {
+    return "global\n"
+           "    maxconn 64\n" +
+           global_extra +
+           "defaults\n"
+           "    mode tcp\n"
+           "    timeout connect 5s\n"
+           "    timeout client 30s\n"
+           "    timeout server 30s\n";
+}
+
 class HaproxyProcess {
   public:
     // `binary`: the haproxy to run (findExecutable("haproxy")).
