@@ -63,6 +63,15 @@ class PumpPath : public ::testing::TestWithParam<DataPath> {
     }
     // Closed as the lifecycle closes it; then nothing may be left: no pipe in use, no buffer
     // held, nothing in flight.
+    // What Connections::endGracefully does at max_connection_duration, once `queued` has
+    // reached src: its reading side shut, what it holds counted.
+    void endWithQueued(const std::string& queued) {
+        ASSERT_TRUE(test::writeAll(d_.writer(), queued.data(), queued.size()).ok());
+        ASSERT_TRUE(waitFd(d_.src(), POLLIN));
+        d_.ending = true;
+        d_.end_left = endForDuration(d_.src());
+        ASSERT_EQ(d_.end_left, queued.size());
+    }
     void closeAndExpectNothingLeft() {
         ASSERT_TRUE(rig_->close(d_, pump_)) << "an SQE of the direction never completed";
         EXPECT_EQ(d_.inflight, 0u);
@@ -187,12 +196,7 @@ TEST_P(PumpPath, ASourceResetIsSeenWhileDstIsFull) {
 
 TEST_P(PumpPath, WhileEndingTheFinIsKept) {
     connect();
-    ASSERT_TRUE(test::writeAll(d_.writer(), "abc", 3).ok());
-    ASSERT_TRUE(waitFd(d_.src(), POLLIN));
-    // What Connections::endGracefully does at max_connection_duration.
-    d_.ending = true;
-    d_.end_left = endForDuration(d_.src());
-    ASSERT_EQ(d_.end_left, 3u);
+    ASSERT_NO_FATAL_FAILURE(endWithQueued("abc"));
     rig_->start(d_, pump_);
     Seen s = rig_->drive(d_, pump_);
     ASSERT_EQ(s.last.kind, Step::Finished) << describe(s);
@@ -222,11 +226,7 @@ TEST_P(PumpPath, WhileEndingASourceResetEndsTheDirectionLikeAFin) {
 // under the ASan relay). It reads what src held when the end began, at most one recv more.
 TEST_P(PumpPath, WhileEndingWhatThePeerSendsAfterTheEndIsNotRead) {
     connect();
-    ASSERT_TRUE(test::writeAll(d_.writer(), "abc", 3).ok());
-    ASSERT_TRUE(waitFd(d_.src(), POLLIN));
-    d_.ending = true;
-    d_.end_left = endForDuration(d_.src());
-    ASSERT_EQ(d_.end_left, 3u);
+    ASSERT_NO_FATAL_FAILURE(endWithQueued("abc"));
     // 256 KiB more, queued behind the three bytes before the pump reads any of them.
     std::string after(256 * 1024, 'z');
     test::setNonBlocking(d_.writer(), true);
