@@ -67,7 +67,8 @@ class SockmapPump {
     uint64_t fold(Sockmap& map);
     bool hasPassed(Sockmap& map) const;
     // Past max_connection_duration: every byte the program passed before it stopped is taken.
-    bool endReached() const { return stopped_ && taken_ >= end_passed_; }
+    // (end_passed_ stays UINT64_MAX, which no count reaches, until the program stopped.)
+    bool endReached() const { return taken_ >= end_passed_; }
     // To the FIN: what this direction moved must reach dst first (finBarrier).
     void startEnding(const PumpPort& p, PumpEnv& env, Step& out);
     bool eofSeen() const { return phase_ >= Phase::Ending || copy_.eof(); }

@@ -97,7 +97,7 @@ void forEachDeclaredCase(F&& fn) {
         for (int i = 0; i < suite.total_test_count(); ++i) {
             const ::testing::TestInfo& t = *suite.GetTestInfo(i);
             // --gtest_filter: the reruns run only some cases.
-            if (!selected(std::string(suite.name()) + "." + t.name())) continue;
+            if (!selected(ctestName("", t))) continue;
             std::string_view name = t.name(), param;
             if (const size_t slash = name.find('/'); slash != std::string_view::npos) {
                 param = name.substr(slash + 1);
@@ -177,7 +177,7 @@ void leaveOutLabelled(const std::string& labels) {
     std::set<std::string> names;  // a case may declare two of them
     forEachDeclaredCase([&](const ::testing::TestInfo& t, Declaration& d) {
         if (std::find(wanted.begin(), wanted.end(), d.label) != wanted.end())
-            names.insert(std::string(t.test_suite_name()) + "." + t.name());
+            names.insert(ctestName("", t));  // gtest's own full name, as the filter takes it
     });
     if (names.empty()) return;
     std::string filter = GTEST_FLAG_GET(filter);
