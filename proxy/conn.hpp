@@ -49,10 +49,7 @@
 
 #include "address.hpp"
 #include "data_path.hpp"
-#include "pump/copy_pump.hpp"
-#include "pump/sockmap_kernel.hpp"
-#include "pump/sockmap_pump.hpp"
-#include "pump/splice_pump.hpp"
+#include "pump/paths.hpp"
 #include "reasons.hpp"
 
 namespace zcrelay {
@@ -67,14 +64,6 @@ enum class ConnState : uint8_t {
     Relaying,
     Closing
 };
-
-// In DataPath order: the alternative's index is the direction's path.
-using Pump = std::variant<SplicePump, CopyPump, SockmapPump>;
-static_assert(std::variant_size_v<Pump> == idx(DataPath::kCount));
-static_assert(std::is_same_v<std::variant_alternative_t<idx(DataPath::Splice), Pump>, SplicePump>);
-static_assert(std::is_same_v<std::variant_alternative_t<idx(DataPath::Copy), Pump>, CopyPump>);
-static_assert(
-    std::is_same_v<std::variant_alternative_t<idx(DataPath::Sockmap), Pump>, SockmapPump>);
 
 struct Direction {
     bool finished = false;  // src's FIN was passed on: dst is shut down for writing
@@ -122,7 +111,7 @@ struct Conn {
     // counts of both sockets): the PROXY header read from the client, and the one sent on.
     uint32_t proxy_in = 0;
     uint32_t proxy_out = 0;
-    SockmapPair sockmap;         // the sockets' entries in the sockmap, if any
+    PathState paths;             // what its paths hold in the kernel (pump/paths.hpp)
     int64_t last_active_ms = 0;  // monotonic ms of the last byte moved (idle timeout)
     std::array<Direction, 2> dir;
     uint32_t next_free = 0;  // free-list link while Free

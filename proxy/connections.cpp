@@ -33,8 +33,7 @@ bool isPeerError(int err) {
 
 Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, WorkerStats& stats,
                          PumpEnv& pumps, Acceptor& acceptor, Generations& generations,
-                         const int64_t& now_ms, uint32_t max_conns, Sockmap* sockmap,
-                         uint32_t sockmap_base)
+                         const int64_t& now_ms, uint32_t max_conns, Paths& paths)
     : id_(worker),
       ring_(ring),
       process_(process),
@@ -44,8 +43,7 @@ Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, Wo
       generations_(generations),
       now_ms_(now_ms),
       max_conns_(max_conns),
-      sockmap_(sockmap),
-      sockmap_base_(sockmap_base),
+      paths_(paths),
       admission_(process),
       upstream_(worker),
       loops_(process.loops.table(worker)) {
@@ -345,96 +343,28 @@ void Connections::startRelaying(Conn& c, uint32_t slot) {
         failDirection(c, slot, 0, false, err);
         return;
     }
-    // Sockmap after routes or accept_proxy: the client's first bytes (the ClientHello, what
-    // followed the PROXY header) wait in its socket, read in part already when a PROXY header
-    // shared their segment. Left there, they are bytes that came before the sockets entered
-    // the map, moved by the sockmap pump's catch-up path: ~19 us a connection (bench/run's sni
-    // workload), and a segment the relay had read the header from came back to the verdict
-    // as a replay, after which that direction stalled (17 of 20 connections lost a later
-    // write, tests/integration/sni_routing_test.cpp). Sent on here, before the sockets enter
-    // the map, they cost a peek, a send and a read; a send the upstream cut short leaves a
-    // read segment queued again, and that connection runs splice.
-    uint32_t early = 0;
-    bool sockmap_ok = true;
+    // A path may want what waits in the client's socket sent on before it starts: the rest of
+    // a segment the PROXY header or the ClientHello was read from (Paths::wantsQueueSentFirst).
     const ListenerRt& lr = listenerOf(c);
-    if ((lr.inspects() || lr.config.accept_proxy) && lr.config.mode == Mode::Sockmap &&
-        sockmap_ != nullptr) {
-        Forwarded f = hello_reader_.forward(c);
-        if (f.error != 0) {
-            failDirection(c, slot, 0, f.on_src, f.error);
+    Forwarded early;
+    if ((lr.inspects() || lr.config.accept_proxy) && paths_.wantsQueueSentFirst(lr.config.mode)) {
+        early = hello_reader_.forward(c);
+        if (early.error != 0) {
+            failDirection(c, slot, 0, early.on_src, early.error);
             return;
         }
-        early = f.bytes;
-        sockmap_ok = !f.cut_short;
     }
-    choosePaths(c, slot, sockmap_ok);
-    if (early > 0) {
-        addBytes(c, 0, early);
-        if (c.dir[0].path() == DataPath::Sockmap) lstats(c).sockmap_copied.add(early);
-    }
+    const BackendRt& be = clusterOf(c).backends[c.backend];
+    paths_.choose(PathRequest{lr.config.mode, be.config.address.family() == AF_UNIX,
+                              early.cut_short, slot, lr.config.pipe_size, c.fd, c.proxy_in,
+                              c.proxy_out, early.bytes, lstats(c), lr.config.name},
+                  c.paths, c.dir[0].pump, c.dir[1].pump);
+    if (early.bytes > 0) addBytes(c, 0, early.bytes);
     for (int d = 0; d < 2; ++d) {
         PumpPort p = port(c, slot, d);
         apply(c, slot, d,
               std::visit([&](auto& pump) { return pump.start(p, pumps_); }, c.dir[d].pump));
         if (c.state != ConnState::Relaying) return;
-    }
-}
-
-void Connections::choosePaths(Conn& c, uint32_t slot, bool sockmap_ok) {
-    const ListenerConfig& l = listenerConfig(c);
-    const BackendRt& be = clusterOf(c).backends[c.backend];
-    DataPath path[2] = {DataPath::Splice, DataPath::Splice};
-    if (l.mode == Mode::Copy) path[0] = path[1] = DataPath::Copy;
-    // The sockmap program relays TCP sockets only; a unix backend runs splice.
-    if (l.mode == Mode::Sockmap && sockmap_ != nullptr && be.config.address.family() != AF_UNIX) {
-        PairSetUp r;
-        if (!sockmap_ok) {
-            r.fell_back = true;
-            r.reason = SockmapFallback::PartlyRead;
-            r.path[0] = r.path[1] = DataPath::Splice;
-        } else if (slot < max_conns_) {
-            // In flight per direction (the psock's backlog plus the peer's send queue): four
-            // pipes' worth, comparable to what splice has the kernel hold for a direction (one
-            // pipe plus the socket buffers). pipe_size is the one knob for both.
-            uint64_t limit = std::max<uint64_t>(4 * l.pipe_size, 64 * 1024);
-            r = setUpPair(*sockmap_, c.sockmap, c.fd, sockmap_base_ + 2 * slot, limit);
-        } else {
-            // Slots stay below max_conns (the fd budget bounds live connections); defensive.
-            r.fell_back = true;
-            r.reason = SockmapFallback::NoRecord;
-            r.path[0] = r.path[1] = DataPath::Splice;
-        }
-        for (int i = 0; i < 2; ++i)
-            if (c.sockmap.in_map[i]) stats_.sockmap_sockets.add();
-        if (c.sockmap.any()) {
-            if (sockmap_conns_++ == 0) armSockmapScan();
-            lstats(c).sockmap_connections.add();
-        }
-        if (r.fell_back) {
-            lstats(c).sockmap_fallbacks[idx(r.reason)].add();
-            LOG_DEBUG("%s: sockmap fallback %s", l.name.c_str(),
-                      std::string(label(r.reason)).c_str());
-        }
-        path[0] = r.path[0];
-        path[1] = r.path[1];
-    }
-    for (int d = 0; d < 2; ++d) {
-        switch (path[d]) {
-            case DataPath::Splice:
-                c.dir[d].pump.emplace<SplicePump>();
-                break;
-            case DataPath::Copy:
-                c.dir[d].pump.emplace<CopyPump>();
-                break;
-            case DataPath::Sockmap:
-                // The PROXY headers taken and sent are bytes of direction 0's sockets.
-                c.dir[d].pump.emplace<SockmapPump>(c.sockmap.record, static_cast<uint8_t>(d),
-                                                   d == 0 ? c.proxy_in : 0,
-                                                   d == 0 ? c.proxy_out : 0);
-                break;
-            case DataPath::kCount:  // not a path: the table's size
-                break;
-        }
     }
 }
 
@@ -476,13 +406,8 @@ void Connections::apply(Conn& c, uint32_t slot, int d, Step step) {
             failDirection(c, slot, d, step.on_src, step.error);
             return;
         case Step::ToCopy: {
-            stats_.pipe_fallbacks[idx(step.fallback)].add();
-            // Only the splice pump falls back. Its watch on src, if armed, is the copy's now:
-            // one poll per socket.
-            SourceWatch watch = std::get<SplicePump>(c.dir[d].pump).watch();
-            CopyPump& copy = c.dir[d].pump.emplace<CopyPump>(watch);
             PumpPort p = port(c, slot, d);
-            apply(c, slot, d, copy.start(p, pumps_));
+            apply(c, slot, d, paths_.fallBack(c.dir[d].pump, p, pumps_, step.fallback));
             return;
         }
         case Step::Broken:
@@ -551,18 +476,8 @@ void Connections::retryStarved() {
     }
 }
 
-void Connections::armSockmapScan() {
-    static constexpr __kernel_timespec kScan = {0, 10000000};
-    io_uring_sqe* sqe = ring_.sqe();
-    io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kScan), 0, 0);
-    io_uring_sqe_set_data64(sqe, UserData{Op::SockmapScan}.pack());
-}
-
-void Connections::onSockmapScan() {
-    // The program never wakes us: passed bytes are found by reading the records, which are
-    // mapped into our memory, so a scan costs no syscall (~2 ns per connection). While passed
-    // bytes wait, their socket's receive window closes: the scan period bounds that stall.
-    if (sockmap_conns_ == 0) return;  // the last one closed: armed again by the next
+void Connections::onPathScan() {
+    if (!paths_.scanning()) return;  // the last holder closed: armed again by the next
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {
         Conn& c = conn(slot);
         if (c.state != ConnState::Relaying) continue;
@@ -572,19 +487,19 @@ void Connections::onSockmapScan() {
             apply(c, slot, d,
                   std::visit([&](auto& pump) { return pump.scan(p, pumps_); }, c.dir[d].pump));
         }
-        if (int side = 0; c.state == ConnState::Relaying && c.sockmap.any() &&
-                          pairBroken(*sockmap_, c.sockmap, side))
+        if (int side = 0; c.state == ConnState::Relaying && paths_.broken(c.paths, side))
             resetBroken(c, slot, side);
     }
-    armSockmapScan();
+    paths_.armScan();
 }
 
 void Connections::resetBroken(Conn& c, uint32_t slot, int side) {
     // Never deliver a stream we know is wrong: both peers get an RST instead of a FIN.
     LOG_ERROR(
-        "%s: the kernel gave the sockmap program a %s stream it cannot relay exactly; "
+        "%s: the kernel gave the %s program a %s stream it cannot relay exactly; "
         "resetting the connection",
-        listenerConfig(c).name.c_str(), side == 0 ? "client" : "upstream");
+        listenerConfig(c).name.c_str(), std::string(label(c.dir[side].path())).c_str(),
+        side == 0 ? "client" : "upstream");
     linger lg{1, 0};
     for (int fd : c.fd)
         if (fd >= 0) ::setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -616,7 +531,7 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
                 c.dir[d].pump);
         }
     }
-    if (c.sockmap.any()) closeSockmap(c);
+    paths_.tearDown(c.paths, lstats(c));
     if (reason == CloseReason::ClientReset || reason == CloseReason::UpstreamReset) {
         // Propagate the reset: SO_LINGER {1, 0} makes close() send RST, so the survivor's
         // peer learns at once that the stream broke instead of seeing a clean FIN.
@@ -680,18 +595,6 @@ void Connections::logConnection(Conn& c, uint32_t slot, CloseReason reason) {
     r.attempts = c.attempts;
     if (c.state == ConnState::Relaying) copyField(r.path, label(c.dir[0].path()));
     process_.access_log->push(id_, r);
-}
-
-void Connections::closeSockmap(Conn& c) {
-    for (int d = 0; d < 2; ++d)
-        if (c.sockmap.linked[d])
-            lstats(c).sockmap_replays.add(
-                loadRelaxed(sockmap_->record(c.sockmap.record + d).replayed));
-    // Out of the maps before close(): see pump/sockmap_kernel.hpp.
-    for (int i = 0; i < 2; ++i)
-        if (c.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
-    tearDownPair(*sockmap_, c.sockmap);
-    --sockmap_conns_;
 }
 
 void Connections::freeConn(Conn& c, uint32_t slot) {

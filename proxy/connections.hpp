@@ -18,7 +18,7 @@
 #include "process_shared.hpp"
 #include "proxy_reader.hpp"
 #include "pump/pump.hpp"
-#include "sockmap.hpp"
+#include "pump/paths.hpp"
 #include "stats.hpp"
 #include "upstream.hpp"
 #include "uring/ring.hpp"
@@ -31,11 +31,11 @@ namespace zcrelay {
 class Connections {
   public:
     // `now_ms`: the worker's clock, read for every timestamp. `max_conns`: the worker's share of
-    // the fd budget, in connections. `sockmap` (may be null) holds records
-    // [sockmap_base, sockmap_base + 2 * max_conns) for them: two per slot.
+    // the fd budget, in connections. `paths`: the worker's path table, which picks each
+    // direction's pump and keeps what a path holds in the kernel per connection.
     Connections(unsigned worker, Ring& ring, ProcessShared& process, WorkerStats& stats,
                 PumpEnv& pumps, Acceptor& acceptor, Generations& generations, const int64_t& now_ms,
-                uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base);
+                uint32_t max_conns, Paths& paths);
 
     // Slots not Free (Closing ones included).
     uint32_t live() const { return live_; }
@@ -53,8 +53,9 @@ class Connections {
     // Idle timeouts, the PROXY header timeout, the drain deadline (`drain_deadline`: close
     // everything), and pipes that stayed idle through a tick of `tick_ms`.
     void sweep(bool drain_deadline, int64_t tick_ms);
-    // The sockmap's timer: passed bytes waiting for user space, streams the program gave up on.
-    void onSockmapScan();
+    // The data paths' timer (Op::PathScan): each direction's pump looks at what the kernel did
+    // (bytes it left to user space), and the path table at streams the kernel gave up on.
+    void onPathScan();
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
     // The runtime API: every connection to the backend whose state is `backend` (connecting
@@ -96,9 +97,6 @@ class Connections {
     bool closedAsLoop(Conn& c, uint32_t slot);
     // Connected: the PROXY header out, then a pump per direction.
     void startRelaying(Conn& c, uint32_t slot);
-    // The paths the listener's mode asks for, once the sockmap had its say (`sockmap_ok`
-    // false: the client's queue starts with a segment read in part, which it cannot take).
-    void choosePaths(Conn& c, uint32_t slot, bool sockmap_ok);
     PumpPort port(Conn& c, uint32_t slot, int d);
     void onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags,
                           uint8_t aux);
@@ -107,7 +105,6 @@ class Connections {
     void addBytes(Conn& c, int d, uint64_t n);
     void finishDirection(Conn& c, uint32_t slot, int d);
     void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
-    void armSockmapScan();
     // Relaying: the half-close timeouts and max_connection_duration; true if c was closed.
     bool lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l);
     // max_connection_duration: both sides stop being read; the pumps deliver what they read
@@ -116,13 +113,13 @@ class Connections {
     HelloNames* helloNames(uint32_t slot) {
         return names_.empty() ? nullptr : &names_[slot / kChunk][slot % kChunk];
     }
-    // The program found c's stream beyond repair: both peers get an RST instead of a FIN.
+    // The kernel left c's stream beyond repair (Step::Broken, Paths::broken): both peers get an
+    // RST instead of a FIN.
     void resetBroken(Conn& c, uint32_t slot, int side);
     // Release accounting, let the pumps tear down, close the sockets.
     void closeConn(Conn& c, uint32_t slot, CloseReason reason);
     void countClose(Conn& c, uint32_t slot, CloseReason reason);
     void logConnection(Conn& c, uint32_t slot, CloseReason reason);
-    void closeSockmap(Conn& c);
     void freeConn(Conn& c, uint32_t slot);
 
     const unsigned id_;
@@ -134,8 +131,7 @@ class Connections {
     Generations& generations_;
     const int64_t& now_ms_;
     const uint32_t max_conns_;
-    Sockmap* const sockmap_;
-    const uint32_t sockmap_base_;
+    Paths& paths_;
     Admission admission_;
     UpstreamSide upstream_;
     LoopGuard::Table& loops_;  // this worker's upstream sockets (loop_guard.hpp)
@@ -150,7 +146,6 @@ class Connections {
     uint32_t live_ = 0;
     std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
-    uint32_t sockmap_conns_ = 0;           // connections with records; the scan runs while > 0
     bool resume_wanted_ = false;
 };
 

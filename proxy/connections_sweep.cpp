@@ -44,7 +44,7 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
             continue;
         }
         if (c.state != ConnState::Relaying) continue;
-        // The kernel moved a sockmap connection's bytes: what it counted is activity too.
+        // Bytes the kernel moved without a pump reading them: what it counted is activity too.
         for (int d = 0; d < 2; ++d) {
             uint64_t n =
                 std::visit([&](auto& pump) { return pump.kernelBytes(pumps_); }, c.dir[d].pump);

@@ -122,9 +122,9 @@ Result<void> Worker::setUp() {
     pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc(), *holds_});
     if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
         LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");
-    conns_ =
-        std::make_unique<Connections>(id_, *ring_, process_, stats_, *pumps_, *acceptor_,
-                                      generations_, now_ms_, max_conns_, sockmap_, sockmap_base_);
+    paths_ = std::make_unique<Paths>(*ring_, sockmap_, sockmap_base_, max_conns_, stats_);
+    conns_ = std::make_unique<Connections>(id_, *ring_, process_, stats_, *pumps_, *acceptor_,
+                                           generations_, now_ms_, max_conns_, *paths_);
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
     if (!wake_fd_) return sysError("eventfd");
     now_ms_ = monotonicMs();
@@ -177,8 +177,8 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
         case Op::Tick:
             onTick();
             return;
-        case Op::SockmapScan:
-            conns_->onSockmapScan();
+        case Op::PathScan:
+            conns_->onPathScan();
             return;
         case Op::Accept:
             onAccept(ud.slot, ud.aux, cqe->res);

@@ -121,6 +121,7 @@ class Worker {
     std::unique_ptr<HealthChecker> checker_;
     std::unique_ptr<ZerocopyHolds> holds_;  // the buffers zero-copy sends lent to the kernel
     std::unique_ptr<PumpEnv> pumps_;      // what the data paths share: buffers, pipes, sockmap
+    std::unique_ptr<Paths> paths_;        // which pump each direction runs, and the paths' state
     std::unique_ptr<Acceptor> acceptor_;  // the listening sockets and their accepts
     std::unique_ptr<Connections> conns_;  // the slot table and the connections' lifecycle
     uint64_t wake_value_ = 0;

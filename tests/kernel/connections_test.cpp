@@ -139,8 +139,9 @@ class Lifecycle {
         acceptor_ = std::make_unique<Acceptor>(std::move(fds), *rt_, stats_.accept_paused);
         gens_ = std::make_unique<Generations>(rt_, 0);
         now_ms = monotonicMs();
+        paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_);
         conns_ = std::make_unique<Connections>(0, *ring_, process_, stats_, *env_, *acceptor_,
-                                               *gens_, now_ms, 64, nullptr, 0);
+                                               *gens_, now_ms, 64, *paths_);
     }
     ~Lifecycle() {
         if (!conns_) return;
@@ -223,7 +224,7 @@ class Lifecycle {
             unsigned head, count = 0;
             io_uring_for_each_cqe(ring_->raw(), head, cqe) {
                 UserData ud = UserData::unpack(cqe->user_data);
-                if (ud.op != Op::Ignore && ud.op != Op::SockmapScan) conns_->onCompletion(ud, cqe);
+                if (ud.op != Op::Ignore && ud.op != Op::PathScan) conns_->onCompletion(ud, cqe);
                 ++count;
             }
             io_uring_cq_advance(ring_->raw(), count);
@@ -287,6 +288,7 @@ class Lifecycle {
     std::unique_ptr<PumpEnv> env_;
     std::unique_ptr<Acceptor> acceptor_;
     std::unique_ptr<Generations> gens_;
+    std::unique_ptr<Paths> paths_;
     std::unique_ptr<Connections> conns_;
 };
 

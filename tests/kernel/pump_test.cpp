@@ -558,7 +558,7 @@ TEST(PumpSockmap, TheKernelMovesTheBytesAndThePumpPassesTheFinAfterThem) {
     // Every byte counted once: by the steps (passed bytes it copied) or as the kernel's.
     uint64_t kernel = std::get<SockmapPump>(pump).kernelBytes(rig.env());
     EXPECT_EQ(s.moved + kernel, kBytes) << "steps " << s.moved << ", kernel " << kernel;
-    // Out of the maps before the sockets close, as Connections::closeSockmap does.
+    // Out of the maps before the sockets close, as Paths::tearDown does.
     tearDownPair(*map, pair);
     ASSERT_TRUE(rig.close(d, pump));
     EXPECT_EQ(rig.bufs().busy(), 0u);
