@@ -164,6 +164,17 @@ SocketAddress addressFromSockaddr(const sockaddr* sa, socklen_t len) {
     return address;
 }
 
+std::array<uint8_t, 16> mappedIp(const SocketAddress& a) {
+    std::array<uint8_t, 16> ip{};
+    if (a.family() == AF_INET6) {
+        std::memcpy(ip.data(), &v6(a).sin6_addr, 16);
+    } else if (a.family() == AF_INET) {
+        ip[10] = ip[11] = 0xff;
+        std::memcpy(ip.data() + 12, &v4(a).sin_addr, 4);
+    }
+    return ip;
+}
+
 namespace {
 
 // An IPv4 address or a v4-mapped IPv6 one, as its IPv4 number (host order); nullopt otherwise.

@@ -36,6 +36,11 @@ tl::expected<SocketAddress, std::string> parseAddress(std::string_view text);
 // Same, for an address read from the kernel (getsockname, accept).
 SocketAddress addressFromSockaddr(const sockaddr* sa, socklen_t len);
 
+// The IP address of `a` as 16 bytes, IPv4 as its v4-mapped IPv6 form (::ffff:a.b.c.d), so that
+// a dual-stack socket's view of an IPv4 peer compares equal to the IPv4 address; all zeros for
+// a unix address. The port is not part of it.
+std::array<uint8_t, 16> mappedIp(const SocketAddress& a);
+
 // Why an address is refused as a backend (a DNS answer's, or a static one at config load): the
 // `reason` label of zcrelay_discovery_refused_total. Each would connect to no service or to
 // the relay itself, and a relay that connects to itself relays to itself again, once per

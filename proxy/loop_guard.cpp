@@ -19,19 +19,9 @@
 namespace zcrelay {
 
 LoopGuard::Endpoint LoopGuard::endpointOf(const SocketAddress& a) {
-    Endpoint e;
-    if (a.family() == AF_INET) {
-        const auto& in = *reinterpret_cast<const sockaddr_in*>(&a.storage);
-        e.addr[10] = 0xff;
-        e.addr[11] = 0xff;
-        std::memcpy(&e.addr[12], &in.sin_addr, 4);
-        e.port = ntohs(in.sin_port);
-    } else if (a.family() == AF_INET6) {
-        const auto& in6 = *reinterpret_cast<const sockaddr_in6*>(&a.storage);
-        std::memcpy(e.addr.data(), &in6.sin6_addr, 16);
-        e.port = ntohs(in6.sin6_port);
-    }
-    return e;
+    const sa_family_t f = a.family();
+    if (f != AF_INET && f != AF_INET6) return Endpoint{};
+    return Endpoint{mappedIp(a), a.port()};
 }
 
 bool LoopGuard::Table::remember(LoopGuard& guard, uint32_t slot, int fd, const ClusterRt& cluster,

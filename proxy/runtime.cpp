@@ -7,17 +7,6 @@
 
 namespace zcrelay {
 
-SourceCounts::Key SourceCounts::keyOf(const SocketAddress& a) {
-    Key k{};
-    if (a.family() == AF_INET6) {
-        std::memcpy(k.data(), &reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr, 16);
-    } else if (a.family() == AF_INET) {
-        k[10] = k[11] = 0xff;  // ::ffff:a.b.c.d
-        std::memcpy(k.data() + 12, &reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr, 4);
-    }
-    return k;
-}
-
 size_t SourceCounts::KeyHash::operator()(const Key& k) const {
     uint64_t hi, lo;
     std::memcpy(&hi, k.data(), 8);
@@ -27,7 +16,7 @@ size_t SourceCounts::KeyHash::operator()(const Key& k) const {
 
 bool SourceCounts::take(const SocketAddress& a, uint64_t limit) {
     std::lock_guard lock(mutex_);
-    auto [it, added] = counts_.try_emplace(keyOf(a), 0);
+    auto [it, added] = counts_.try_emplace(mappedIp(a), 0);
     if (it->second >= limit) return false;  // not added: limit >= 1 makes a new entry pass
     ++it->second;
     return true;
@@ -35,7 +24,7 @@ bool SourceCounts::take(const SocketAddress& a, uint64_t limit) {
 
 void SourceCounts::give(const SocketAddress& a) {
     std::lock_guard lock(mutex_);
-    auto it = counts_.find(keyOf(a));
+    auto it = counts_.find(mappedIp(a));
     if (it != counts_.end() && --it->second == 0) counts_.erase(it);
 }
 

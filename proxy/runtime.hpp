@@ -122,11 +122,10 @@ class SourceCounts {
     void give(const SocketAddress& a);
 
   private:
-    using Key = std::array<uint8_t, 16>;
+    using Key = std::array<uint8_t, 16>;  // mappedIp(): the port ignored, IPv4 as v4-mapped
     struct KeyHash {
         size_t operator()(const Key& k) const;
     };
-    static Key keyOf(const SocketAddress& a);
 
     std::mutex mutex_;
     std::unordered_map<Key, uint32_t, KeyHash> counts_;
