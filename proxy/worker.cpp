@@ -20,10 +20,9 @@ namespace zcrelay {
 namespace {
 
 constexpr unsigned kRingEntries = 4096;
-constexpr uint32_t kCopyBuffers = 256;  // per worker; a power of two (buffer ring)
-constexpr uint32_t kCopyBufferSize = 64 * 1024;
-// Of them in the kernel's ring at most (uring/buf_ring.hpp: it starts at 8 and doubles while
-// recvs find it empty). Measured, 1 worker, 100 clients x 10 MiB through copy mode: peak RSS
+// Of the copy buffers, in the kernel's ring at most (uring/buf_ring.hpp: it starts at 8 and
+// doubles while recvs find it empty). Measured, 1 worker, 100 clients x 10 MiB through copy
+// mode: peak RSS
 // 25.7 MiB with the whole pool in the ring, 12.5 with 16, 14.4 with 32, 18.5 with 64. Fewer in the ring means more recvs find it empty (-ENOBUFS) and
 // go again: 39, 33.5 and 25.9 recvs per MB against 20.8 with the whole pool, and with 16 the
 // relay CPU per GB was 1.45x (bench/ab.sh); 32 is within the noise of it.
@@ -117,8 +116,7 @@ Result<void> Worker::setUp() {
     getrlimit(RLIMIT_NOFILE, &nofile);
     int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
     pipes_ = std::make_unique<PipePool>(pipes, ceiling, stats_);
-    holds_ = std::make_unique<ZerocopyHolds>(
-        static_cast<uint8_t>(std::min<uint32_t>(kCopyBuffers / 2, ZerocopyHolds::kHolds)));
+    holds_ = std::make_unique<ZerocopyHolds>(kWorkerHolds);
     pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc(), *holds_});
     if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
         LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");

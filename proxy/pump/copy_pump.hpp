@@ -38,6 +38,7 @@
 // 4 KiB did not move 256 MiB in a minute).
 #include <liburing.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -107,6 +108,13 @@ class ZerocopyHolds {
 void returnHold(PumpEnv& env, uint8_t aux, int res, uint32_t flags);
 inline constexpr uint8_t kDirectionHolds = 16;  // a direction's share of the worker's holds
 inline constexpr uint32_t kZerocopyMin = 16 * 1024;
+// Each worker's copy-path buffers (its BufRing): how many, a power of two as a buffer ring's
+// must be, and their size.
+inline constexpr uint32_t kCopyBuffers = 256;
+inline constexpr uint32_t kCopyBufferSize = 64 * 1024;
+// A worker's holds: half its buffers, at most what a user_data aux can number.
+inline constexpr uint8_t kWorkerHolds =
+    static_cast<uint8_t>(std::min<uint32_t>(kCopyBuffers / 2, ZerocopyHolds::kHolds));
 
 struct CopyQueue {
     static constexpr uint8_t kCapacity = 4;

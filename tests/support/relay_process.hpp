@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "data_path.hpp"
+#include "metric_table.hpp"
 #include "reasons.hpp"
 #include "support/loopback.hpp"
 
@@ -269,34 +270,37 @@ std::optional<double> findSample(const std::string& text, const std::string& nam
                                  const Labels& labels);
 std::string formatSeries(const std::string& name, const Labels& labels);  // name{a="b",...}
 
-// The metric names of the contract, so a typo fails to compile instead of timing out.
+// The metric names of the contract, from the relay's own table (proxy/metric_table.hpp), so a
+// typo fails to compile instead of timing out, and a renamed metric renames them.
 namespace metric {
-inline constexpr const char* kConnectionsTotal = "zcrelay_connections_total";
-inline constexpr const char* kConnectionsActive = "zcrelay_connections_active";
-inline constexpr const char* kBytesTotal = "zcrelay_bytes_total";
-inline constexpr const char* kConnectFailuresTotal = "zcrelay_upstream_connect_failures_total";
-inline constexpr const char* kClosedTotal = "zcrelay_connections_closed_total";
-inline constexpr const char* kPipeFallbacksTotal = "zcrelay_pipe_fallbacks_total";
-inline constexpr const char* kPipesInUse = "zcrelay_pipes_in_use";
+inline constexpr const char* kConnectionsTotal = metricName(Metric::Connections);
+inline constexpr const char* kConnectionsActive = metricName(Metric::ConnectionsActive);
+inline constexpr const char* kBytesTotal = metricName(Metric::Bytes);
+inline constexpr const char* kConnectFailuresTotal = metricName(Metric::UpstreamConnectFailures);
+inline constexpr const char* kClosedTotal = metricName(Metric::ConnectionsClosed);
+inline constexpr const char* kPipeFallbacksTotal = metricName(Metric::PipeFallbacks);
+inline constexpr const char* kPipesInUse = metricName(Metric::PipesInUse);
 inline constexpr const char* kPipesCached =
-    "zcrelay_pipes_cached";  // optional, not in the contract
-inline constexpr const char* kProcessThreads = "zcrelay_process_threads";
-inline constexpr const char* kAcceptPausedTotal = "zcrelay_accept_paused_total";
-inline constexpr const char* kDatapathInfo = "zcrelay_datapath_info";  // {listener, mode} = 1
-inline constexpr const char* kSockmapFallbacksTotal = "zcrelay_sockmap_fallbacks_total";
-inline constexpr const char* kSockmapSockets = "zcrelay_sockmap_sockets";
-inline constexpr const char* kConfigReloadsTotal = "zcrelay_config_reloads_total";  // {result}
-inline constexpr const char* kBackendUp = "zcrelay_backend_up";  // {cluster, backend}
-inline constexpr const char* kBackendConnectionsTotal = "zcrelay_backend_connections_total";
-inline constexpr const char* kBackendConnectionsActive = "zcrelay_backend_connections_active";
-inline constexpr const char* kBackendAttemptsTotal = "zcrelay_backend_connect_attempts_total";
-inline constexpr const char* kBackendFailuresTotal = "zcrelay_backend_connect_failures_total";
-inline constexpr const char* kBackendBytesTotal = "zcrelay_backend_bytes_total";
-inline constexpr const char* kBackendChecksTotal = "zcrelay_backend_health_checks_total";
-inline constexpr const char* kBackendTransitionsTotal = "zcrelay_backend_transitions_total";
-inline constexpr const char* kBackendConnectSeconds = "zcrelay_backend_connect_duration_seconds";
-inline constexpr const char* kProxyErrorsTotal = "zcrelay_proxy_protocol_errors_total";
-inline constexpr const char* kSockmapCatchupsTotal = "zcrelay_sockmap_catchups_total";
+    metricName(Metric::PipesCached);  // optional, not in the contract
+inline constexpr const char* kProcessThreads = metricName(Metric::ProcessThreads);
+inline constexpr const char* kAcceptPausedTotal = metricName(Metric::AcceptPaused);
+inline constexpr const char* kDatapathInfo =
+    metricName(Metric::DatapathInfo);  // {listener, mode} = 1
+inline constexpr const char* kSockmapFallbacksTotal = metricName(Metric::SockmapFallbacks);
+inline constexpr const char* kSockmapSockets = metricName(Metric::SockmapSockets);
+inline constexpr const char* kConfigReloadsTotal = metricName(Metric::ConfigReloads);  // {result}
+inline constexpr const char* kBackendUp = metricName(Metric::BackendUp);  // {cluster, backend}
+inline constexpr const char* kBackendConnectionsTotal = metricName(Metric::BackendConnections);
+inline constexpr const char* kBackendConnectionsActive =
+    metricName(Metric::BackendConnectionsActive);
+inline constexpr const char* kBackendAttemptsTotal = metricName(Metric::BackendConnectAttempts);
+inline constexpr const char* kBackendFailuresTotal = metricName(Metric::BackendConnectFailures);
+inline constexpr const char* kBackendBytesTotal = metricName(Metric::BackendBytes);
+inline constexpr const char* kBackendChecksTotal = metricName(Metric::BackendHealthChecks);
+inline constexpr const char* kBackendTransitionsTotal = metricName(Metric::BackendTransitions);
+inline constexpr const char* kBackendConnectSeconds = metricName(Metric::BackendConnectDuration);
+inline constexpr const char* kProxyErrorsTotal = metricName(Metric::ProxyProtocolErrors);
+inline constexpr const char* kSockmapCatchupsTotal = metricName(Metric::SockmapCatchups);
 
 // Every label value of these metrics, from the relay's own tables (proxy/reasons.hpp), so a
 // reason added there is covered here without a second list to forget.
