@@ -43,7 +43,7 @@ namespace zcrelay {
 // Why a sockmap connection is relayed by another data path.
 #define ZCRELAY_SOCKMAP_FALLBACKS(X)                                                       \
     X(NotEstablished, "not_established") /* a socket had its FIN or RST already: splice */ \
-    X(InsertFailed, "insert_failed")     /* the kernel refused the map update: splice */   \
+    X(InsertFailed, "insert_failed")     /* the kernel refused it: splice, or copy one way */\
     X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */   \
     X(PartlyRead, "partly_read")         /* a segment the relay read in part is queued */
 
