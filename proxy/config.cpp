@@ -3,8 +3,6 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <grp.h>
-#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/eventhandler.h>
@@ -25,6 +23,7 @@
 #include <type_traits>
 #include <variant>
 
+#include "accounts.hpp"
 #include "file_kind.hpp"
 #include "unique_fd.hpp"
 
@@ -1321,16 +1320,6 @@ std::string_view lineOf(std::string_view text, int index) {
     return text.substr(start, text.find('\n', start) - start);
 }
 
-// A whole decimal number that fits an id (not the -1 that set*id() reads as "unchanged").
-std::optional<uint32_t> numericId(std::string_view text) {
-    uint32_t value = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-    if (text.empty() || ec != std::errc() || end != text.data() + text.size() ||
-        value == UINT32_MAX)
-        return std::nullopt;
-    return value;
-}
-
 // `user` and `group` name accounts of this machine. They are resolved here, so that an unknown
 // one is refused with its line like any other error and --check-config catches it; the switch
 // itself happens in Server::start (privileges.cpp).
@@ -1342,35 +1331,20 @@ void resolveRunAs(std::string_view source, const YAML::Node& root, Config& confi
         return;
     }
     const Where user_at = whereOfKey(source, root, "user", "user");
-    std::vector<char> buf(16384);
-    struct passwd pw {};
-    struct passwd* found = nullptr;
-    int err = getpwnam_r(config.user.c_str(), &pw, buf.data(), buf.size(), &found);
-    const std::optional<uint32_t> uid = numericId(config.user);
-    if (found == nullptr && uid) err = getpwuid_r(*uid, &pw, buf.data(), buf.size(), &found);
-    if (found == nullptr && err != 0 && err != ENOENT && err != ESRCH)
-        fail(user_at, "looking up " + quoted(config.user) + ": " + std::strerror(err));
-    if (found == nullptr && !uid)
-        fail(user_at, quoted(config.user) + " is not a user of this system (/etc/passwd, NSS)");
-    config.uid = found != nullptr ? static_cast<uint32_t>(found->pw_uid) : *uid;
+    const auto user = lookUpUser(config.user);
+    if (!user) fail(user_at, user.error());
+    config.uid = user->uid;
     if (config.group.empty()) {
-        if (found == nullptr) {
+        if (!user->gid) {
             fail(user_at,
                  "uid " + config.user + " has no passwd entry to take a group from: set `group`");
         }
-        config.gid = static_cast<uint32_t>(found->pw_gid);
+        config.gid = *user->gid;
         return;
     }
-    const Where group_at = whereOfKey(source, root, "group", "group");
-    struct group gr {};
-    struct group* gfound = nullptr;
-    err = getgrnam_r(config.group.c_str(), &gr, buf.data(), buf.size(), &gfound);
-    if (gfound == nullptr && err != 0 && err != ENOENT && err != ESRCH)
-        fail(group_at, "looking up " + quoted(config.group) + ": " + std::strerror(err));
-    const std::optional<uint32_t> gid = numericId(config.group);
-    if (gfound == nullptr && !gid)
-        fail(group_at, quoted(config.group) + " is not a group of this system (/etc/group, NSS)");
-    config.gid = gfound != nullptr ? static_cast<uint32_t>(gfound->gr_gid) : *gid;
+    const auto gid = lookUpGroup(config.group);
+    if (!gid) fail(whereOfKey(source, root, "group", "group"), gid.error());
+    config.gid = *gid;
 }
 
 // Whether a YAML document has any content, and where it starts: the parser's events alone, no
