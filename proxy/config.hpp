@@ -1,6 +1,7 @@
 #pragma once
 // The relay's configuration: plain structs out, every error found before anything starts.
-// config.cpp is the only file that includes yaml-cpp.
+// Loading is the config_*.cpp files' (keys, yaml, sections, checks, render, load), the only
+// ones that include yaml-cpp; config.cpp has the names and lookups declared here.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
