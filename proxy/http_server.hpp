@@ -120,7 +120,7 @@ class HttpServer {
     const SocketAddress& address() const { return address_; }
 
   private:
-    struct Client;     // one connection's deadline and phase (http_server.cpp)
+    struct Client;     // one connection's deadline and phase (http_server_internal.hpp)
     struct Callbacks;  // libmicrohttpd's callbacks, all run on the server's thread
 
     HttpServer(std::string name, SocketAddress address, const HttpLimits& limits,
