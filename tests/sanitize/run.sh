@@ -44,8 +44,9 @@ esac
 
 # -g1: line tables are all a report's stack needs. TSan builds at -O1 (it is slow unoptimised,
 # and quick to compile). ASan+UBSan builds at -O0: UBSan's checks make -O1 twice as slow to
-# compile (config.cpp, before its split by job: 67 s of CPU at -O1, 33 s at -O0), its tree was the suite's critical path,
-# and what ASan and UBSan find does not need the optimiser (it can only hide an access). Asserts
+# compile (config.cpp before its split by job: 67 s of CPU at -O1, 33 s at -O0), its tree was
+# the suite's critical path, and what ASan and UBSan find does not need the optimiser (it can
+# only hide an access). Asserts
 # stay on. No bench/ tools and no fuzzers: no case here runs them.
 case $kind in address) opt=-O0 ;; *) opt=-O1 ;; esac
 cmake -S "$src" -B "$tree" -DZCRELAY_SANITIZE="$kind" -DZCRELAY_BUILD_BENCH=OFF \
