@@ -46,8 +46,7 @@ esac
 # and quick to compile). ASan+UBSan builds at -O0: UBSan's checks make -O1 twice as slow to
 # compile (config.cpp before its split by job: 67 s of CPU at -O1, 33 s at -O0), its tree was
 # the suite's critical path, and what ASan and UBSan find does not need the optimiser (it can
-# only hide an access). Asserts
-# stay on. No bench/ tools and no fuzzers: no case here runs them.
+# only hide an access). Asserts stay on. No bench/ tools and no fuzzers: no case here runs them.
 case $kind in address) opt=-O0 ;; *) opt=-O1 ;; esac
 cmake -S "$src" -B "$tree" -DZCRELAY_SANITIZE="$kind" -DZCRELAY_BUILD_BENCH=OFF \
     -DZCRELAY_RELAY_TESTS=OFF -DZCRELAY_FUZZ=OFF \
