@@ -21,8 +21,8 @@
 //   out of fds   every listener's accepts are cancelled (pause) until the budget has room and
 //                the spare fd can be taken back (resume).
 // Resuming serves the fd waiters first, then (with fds to spare) the admit queue, oldest first,
-// then arms again. It never runs inside completion handling: serving can close connections,
-// whose release would come back here; a release only marks it wanted, for the end of the batch.
+// then arms again. A release or a freed slot only marks it wanted, for the end of the batch:
+// resuming there and then would serve and close connections from inside another one's close.
 #include <sys/socket.h>
 
 #include <array>
