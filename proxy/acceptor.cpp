@@ -12,14 +12,77 @@
 
 namespace zcrelay {
 
-Acceptor::Acceptor(std::vector<UniqueFd> fds, const Runtime& rt, StatCounter& pauses)
-    : pauses_(pauses) {
+Acceptor::Acceptor(unsigned worker, std::vector<UniqueFd> fds, const Generations& generations,
+                   ProcessShared& process, uint32_t max_conns, StatCounter& pauses)
+    : worker_(worker),
+      generations_(generations),
+      max_conns_(max_conns),
+      pauses_(pauses),
+      admission_(process) {
+    const Runtime& current = rt();
     listeners_.resize(fds.size());
     for (size_t i = 0; i < fds.size(); ++i) {
         listeners_[i].fd = std::move(fds[i]);
-        listeners_[i].address = rt.config.listeners[i].listen;
+        listeners_[i].address = current.config.listeners[i].listen;
         listeners_[i].rt_index = static_cast<int32_t>(i);
-        setClientOptions(listeners_[i], rt.config.listeners[i]);
+        setClientOptions(listeners_[i], current.config.listeners[i]);
+    }
+}
+
+void Acceptor::start(Ring& ring, Host& host) {
+    ring_ = &ring;
+    host_ = &host;
+    armAll();
+}
+
+// ---- accepting -----------------------------------------------------------------------------
+
+void Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
+    Accepted a = take(li, aux, res, now_ms);
+    if (a.out_of_fds) {
+        pause();
+        return;
+    }
+    if (a.fd >= 0) {
+        if (draining_) {
+            rt().listeners[a.listener].shared->stats[worker_].rejected_draining.add();
+            ::close(a.fd);
+        } else if (!host_->accept(a.fd, a.listener, a.peer)) {
+            ::close(a.fd);  // no slot left
+        }
+        // This worker's share of the fd budget is spent: stop accepting (backpressure: clients
+        // wait in the kernel's queue) rather than run into EMFILE.
+        if (host_->live() >= max_conns_) pause();
+    }
+    arm(li);
+}
+
+void Acceptor::armAll() {
+    for (uint32_t i = 0; i < listeners_.size(); ++i) arm(i);
+}
+
+void Acceptor::arm(uint32_t li) {
+    if (draining_) return;
+    const uint32_t live = host_->live();
+    const uint32_t room = live < max_conns_ ? max_conns_ - live : 0;
+    Listener& l = listeners_[li];
+    while (!l.closed && !paused_ && l.armed < kBatch && armed_ < room) {
+        if (!belowLimits(l.rt_index)) {
+            if (l.armed == 0) limit_paused_ = true;
+            break;
+        }
+        io_uring_sqe* sqe = ring_->sqe();
+        // A free address slot: at most kBatch are armed, so there is one. The peer's address
+        // comes with the accept, not from a getpeername() per connection.
+        const auto at = static_cast<uint8_t>(__builtin_ctz(~l.peers->busy));
+        l.peers->busy |= 1u << at;
+        l.peers->len[at] = sizeof(sockaddr_storage);
+        // The accepted sockets come out nonblocking, as the inline splice needs.
+        io_uring_prep_accept(sqe, l.fd.get(), reinterpret_cast<sockaddr*>(&l.peers->addr[at]),
+                             &l.peers->len[at], SOCK_NONBLOCK | SOCK_CLOEXEC);
+        io_uring_sqe_set_data64(sqe, UserData{Op::Accept, 0, li, 0, at}.pack());
+        ++l.armed;
+        ++armed_;
     }
 }
 
@@ -32,7 +95,7 @@ void Acceptor::setClientOptions(const Listener& l, const ListenerConfig& config)
     if (l.address.family() != AF_UNIX) applyTcpOptions(l.fd.get(), config, config.tcp_keepalive);
 }
 
-Acceptor::Accepted Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
+Acceptor::Accepted Acceptor::take(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
     Listener& l = listeners_[li];
     --l.armed;
     --armed_;
@@ -71,22 +134,71 @@ Acceptor::Accepted Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t
     return out;
 }
 
-void Acceptor::pause(Ring& ring) {
-    // Stop accepting rather than spin on the same error.
+// ---- stopping and resuming ----------------------------------------------------------------
+
+void Acceptor::pause() {
+    // Stop accepting rather than spin on the same error. Resumed on the tick, or after a batch
+    // in which a connection ended, once the budget has room and the spare fd can be reopened.
     if (!paused_) pauses_.add();
     paused_ = true;
     for (Listener& l : listeners_) {
         if (l.closed || l.armed == 0) continue;
-        io_uring_sqe* sqe = ring.sqe();
+        io_uring_sqe* sqe = ring_->sqe();
         io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
         io_uring_sqe_set_data64(sqe, UserData{}.pack());
     }
 }
 
-void Acceptor::resume() { paused_ = false; }
+bool Acceptor::outOfFds() {
+    // More clients would only find no fd for their upstream sockets either.
+    pause();
+    return admission_.useSpareFd();
+}
 
-void Acceptor::reload(Ring& ring, const Runtime& current, const Runtime& next,
-                      std::vector<UniqueFd> fds) {
+void Acceptor::release(Conn& c) {
+    if (admission_.release(c) && limit_paused_) {
+        // A listener held at max_connections (by any worker) may take one more now.
+        resume_wanted_ = true;
+    }
+}
+
+void Acceptor::slotFreed() {
+    // Not resumed from here: a slot is freed inside completion handling, and resuming retries
+    // fd waiters, which can close connections again. The loop resumes after the batch.
+    if (paused_) resume_wanted_ = true;
+}
+
+void Acceptor::resume() {
+    resume_wanted_ = false;
+    if (admission_.fdWaiters())
+        admission_.retryFdWaiters([&](UserData ud) { host_->retryFdWaiter(ud); });
+    if (draining_ || admission_.fdWaiters() || host_->live() >= max_conns_) return;
+    if (!admission_.holdSpareFd()) return;  // still out of fds: try again next tick
+    paused_ = false;
+    limit_paused_ = admission_.queued();  // arming sets it again where a limit holds
+    admission_.admitQueued([&](UserData ud) { return host_->queued(ud); },
+                           [&](Conn& c, uint32_t slot) { host_->serve(c, slot); });
+    armAll();
+}
+
+// ---- admission -----------------------------------------------------------------------------
+
+bool Acceptor::belowLimits(int32_t listener) const {
+    const Runtime& current = rt();
+    return admission_.belowLimits(current, current.listeners[listener]);
+}
+
+bool Acceptor::admit(Conn& c, uint32_t slot) {
+    if (!admission_.queued() && admission_.admit(c)) return true;
+    admission_.enqueue(c, slot);
+    limit_paused_ = true;
+    return false;
+}
+
+// ---- reload and drain ----------------------------------------------------------------------
+
+void Acceptor::reload(const Runtime& next, std::vector<UniqueFd> fds) {
+    const Runtime& current = rt();
     std::vector<bool> kept(listeners_.size(), false);
     size_t next_fd = 0;
     for (size_t i = 0; i < next.config.listeners.size(); ++i) {
@@ -120,24 +232,31 @@ void Acceptor::reload(Ring& ring, const Runtime& current, const Runtime& next,
     for (size_t j = 0; j < listeners_.size(); ++j) {
         if (!kept[j] && !listeners_[j].closed) {
             listeners_[j].rt_index = -1;
-            close(ring, listeners_[j]);
+            close(listeners_[j]);
         }
     }
 }
 
-void Acceptor::closeAll(Ring& ring) {
+void Acceptor::drain() {
+    draining_ = true;
     for (Listener& l : listeners_)
-        if (!l.closed) close(ring, l);
+        if (!l.closed) close(l);
+    // Connections held at max_connections were never served: they go now, as the kernel's
+    // accept queue does with the listeners.
+    for (uint64_t packed : admission_.takeQueue()) {
+        UserData ud = UserData::unpack(packed);
+        if (Conn* c = host_->queued(ud)) host_->refuse(*c, ud.slot);
+    }
 }
 
-void Acceptor::close(Ring& ring, Listener& l) {
+void Acceptor::close(Listener& l) {
     // shutdown() first: it takes a listening socket out of LISTEN (and out of its
     // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
     // to the file; close() alone would leave it completing handshakes nobody accepts until
     // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
     // armed accept then ends with an error; the cancel and close below release the rest.
     ::shutdown(l.fd.get(), SHUT_RDWR);
-    ring.cancelAndClose(l.fd.release());
+    ring_->cancelAndClose(l.fd.release());
     l.closed = true;
 }
 

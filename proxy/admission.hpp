@@ -10,6 +10,7 @@
 // And the fd budget's reserve: one fd held back (the spare) so that a client whose accept took
 // the last free fd still gets its upstream socket, and the clients that found no fd even so,
 // waiting (bounded by connect_timeout) for a closing connection to give some back.
+// It lives inside the Acceptor (acceptor.hpp), which alone asks it and decides when to serve.
 #include <atomic>
 #include <cstdint>
 #include <vector>

@@ -44,7 +44,6 @@ Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, Wo
       now_ms_(now_ms),
       max_conns_(max_conns),
       paths_(paths),
-      admission_(process),
       upstream_(worker),
       loops_(process.loops.table(worker)) {
     starved_.reserve(4096);
@@ -134,31 +133,20 @@ bool Connections::accept(int fd, int32_t listener, const SocketAddress& peer) {
         clientAddress(c);
     }
     if (process_.loops.suspect(peer) && closedAsLoop(c, slot)) return true;
-    if (!admission_.queued() && admission_.admit(c)) {
+    if (acceptor_.admit(c, slot)) {
         serve(c, slot);
     } else {
         enter(c, ConnState::Queued);
-        admission_.enqueue(c, slot);
-        acceptor_.setLimitPaused(true);
     }
     return true;
 }
 
-bool Connections::resume(bool draining) {
-    resume_wanted_ = false;
-    if (admission_.fdWaiters()) retryFdWaiters();
-    if (draining || admission_.fdWaiters() || live_ >= max_conns_) return false;
-    if (!admission_.holdSpareFd()) return false;  // still out of fds: try again next tick
-    acceptor_.resume();
-    acceptor_.setLimitPaused(admission_.queued());  // arming sets it again where a limit holds
-    admission_.admitQueued(
-        [&](UserData ud) -> Conn* {
-            Conn& c = conn(ud.slot);
-            return c.generation == ud.generation && c.state == ConnState::Queued ? &c : nullptr;
-        },
-        [&](Conn& c, uint32_t slot) { serve(c, slot); });
-    return true;
+Conn* Connections::queued(UserData ud) {
+    Conn& c = conn(ud.slot);
+    return c.generation == ud.generation && c.state == ConnState::Queued ? &c : nullptr;
 }
+
+void Connections::refuse(Conn& c, uint32_t slot) { closeConn(c, slot, CloseReason::Drain); }
 
 // ---- the lifecycle of a connection ---------------------------------------------------------
 
@@ -220,7 +208,7 @@ void Connections::proxyFailed(Conn& c, uint32_t slot, ProxyFailure why) {
 }
 
 void Connections::clientKnown(Conn& c, uint32_t slot) {
-    if (!admission_.admitSource(c)) {
+    if (!acceptor_.admitSource(c)) {
         closeConn(c, slot, CloseReason::SourceLimit);
         return;
     }
@@ -288,15 +276,14 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
         case ConnectStep::OutOfFds:
             // The client is not dropped: it gets the spare fd, or waits (accepting stops)
             // until a closing connection gives fds back, bounded by connect_timeout.
-            acceptor_.pause(ring_);
-            if (admission_.useSpareFd()) {
+            if (acceptor_.outOfFds()) {
                 step = upstream_.connect(ring_, c, slot);
                 if (step.kind != ConnectStep::OutOfFds) {
                     onConnectStep(c, slot, step);
                     return;
                 }
             }
-            admission_.waitForFd(c, slot);
+            acceptor_.waitForFd(c, slot);
             return;
         case ConnectStep::Connected:
             // Recorded before the first byte moves, so that our own listener, should the
@@ -311,20 +298,18 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
     }
 }
 
-void Connections::retryFdWaiters() {
-    admission_.retryFdWaiters([&](UserData ud) {
-        Conn& c = conn(ud.slot);
-        if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0)
-            return;
-        if (monotonicUs() >= c.connect_deadline_us) {
-            lstats(c).connect_failures[idx(ConnectFailure::Other)].add();
-            LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
-                     listenerConfig(c).name.c_str());
-            closeConn(c, ud.slot, CloseReason::ConnectFailed);
-            return;
-        }
-        connect(c, ud.slot);
-    });
+void Connections::retryFdWaiter(UserData ud) {
+    Conn& c = conn(ud.slot);
+    if (c.generation != ud.generation || c.state != ConnState::Connecting || c.fd[1] >= 0)
+        return;
+    if (monotonicUs() >= c.connect_deadline_us) {
+        lstats(c).connect_failures[idx(ConnectFailure::Other)].add();
+        LOG_WARN("%s: no fd for an upstream socket within connect_timeout",
+                 listenerConfig(c).name.c_str());
+        closeConn(c, ud.slot, CloseReason::ConnectFailed);
+        return;
+    }
+    connect(c, ud.slot);
 }
 
 bool Connections::closedAsLoop(Conn& c, uint32_t slot) {
@@ -511,10 +496,7 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     // Accounting: metrics, the access log, the limits and the backend's count.
     if (c.ending && reason == CloseReason::Done) reason = CloseReason::MaxDuration;
     countClose(c, slot, reason);
-    if (admission_.release(c) && acceptor_.limitPaused()) {
-        // A listener held at max_connections (by any worker) may take one more now.
-        resume_wanted_ = true;
-    }
+    acceptor_.release(c);
     if (c.connect_us >= 0) loops_.forget(process_.loops, slot);
     upstream_.release(c);
     bool relaying = c.state == ConnState::Relaying;
@@ -609,9 +591,7 @@ void Connections::freeConn(Conn& c, uint32_t slot) {
     c.next_free = free_head_;
     free_head_ = slot;
     --live_;
-    // Not resumed from here: freeConn runs inside completion handling, and resuming retries
-    // fd waiters, which can close connections again. The loop resumes after the batch.
-    if (acceptor_.paused()) resume_wanted_ = true;
+    acceptor_.slotFreed();
 }
 
 }  // namespace zcrelay

@@ -1,7 +1,7 @@
 #pragma once
 // A worker's connections: the slot table, and the lifecycle that takes each one through the
 // states drawn above ConnState (conn.hpp). Each step hands the connection to its owner and
-// acts on the verdict: the admission for limits (admission.hpp), the PROXY header in
+// acts on the verdict: the acceptor for limits (acceptor.hpp), the PROXY header in
 // (proxy_reader.hpp), the route from the TLS ClientHello (hello_reader.hpp), the upstream side for the backend and the connect (upstream.hpp), a pump
 // per direction for the bytes (pump/). Closing is the one path out: release the accounting,
 // let the pumps tear down, close the sockets; the slot is reused once every SQE issued for it
@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "acceptor.hpp"
-#include "admission.hpp"
 #include "conn.hpp"
 #include "generation.hpp"
 #include "hello_reader.hpp"
@@ -28,7 +27,8 @@ struct io_uring_cqe;
 
 namespace zcrelay {
 
-class Connections {
+// The Acceptor's host: it serves the clients the Acceptor lets in, when the Acceptor says.
+class Connections final : public Acceptor::Host {
   public:
     // `now_ms`: the worker's clock, read for every timestamp. `max_conns`: the worker's share of
     // the fd budget, in connections. `paths`: the worker's path table, which picks each
@@ -38,16 +38,10 @@ class Connections {
                 uint32_t max_conns, Paths& paths);
 
     // Slots not Free (Closing ones included).
-    uint32_t live() const { return live_; }
-    // Whether listener `listener` of the current generation is below its max_connections (and
-    // the process below its own): accepts are armed only then.
-    bool belowLimits(int32_t listener) const {
-        const Runtime& rt = generations_.rt();
-        return admission_.belowLimits(rt, rt.listeners[listener]);
-    }
+    uint32_t live() const override { return live_; }
     // A client accepted on listener `listener` of the current generation, from `peer`; false
     // when the slot space is exhausted (the caller closes it).
-    bool accept(int fd, int32_t listener, const SocketAddress& peer);
+    bool accept(int fd, int32_t listener, const SocketAddress& peer) override;
     // A completion of an SQE issued for a connection.
     void onCompletion(UserData ud, const io_uring_cqe* cqe);
     // Idle timeouts, the PROXY header timeout, the drain deadline (`drain_deadline`: close
@@ -61,13 +55,6 @@ class Connections {
     // The runtime API: every connection to the backend whose state is `backend` (connecting
     // or relaying, in any generation) is closed now, as admin_shutdown. Returns how many.
     uint32_t endBackend(const BackendState* backend);
-    // Drain: the connections held at max_connections were never served; they go now.
-    void closeQueued();
-    // A connection ended while accepting was stopped (at a limit or out of fds).
-    bool resumeWanted() const { return resume_wanted_; }
-    // Serves what waited for room (fd waiters, then the admit queue, if not `draining`);
-    // true when accepting may go on.
-    bool resume(bool draining);
 
   private:
     static constexpr uint32_t kChunk = 256;
@@ -79,7 +66,10 @@ class Connections {
     Conn& conn(uint32_t slot) { return chunks_[slot / kChunk][slot % kChunk]; }
     ListenerStats& lstats(const Conn& c) { return listenerStats(c, id_); }
     // An admitted connection's next step: its PROXY header, or its backend.
-    void serve(Conn& c, uint32_t slot);
+    void serve(Conn& c, uint32_t slot) override;
+    // The admit queue's connections, as the Acceptor hands them back.
+    Conn* queued(UserData ud) override;
+    void refuse(Conn& c, uint32_t slot) override;
     void onProxyRead(Conn& c, uint32_t slot, int res);
     void proxyFailed(Conn& c, uint32_t slot, ProxyFailure why);
     // The client is known: its per-source limit, then its route (routes) or its backend.
@@ -91,7 +81,7 @@ class Connections {
     void startConnect(Conn& c, uint32_t slot);
     void connect(Conn& c, uint32_t slot);
     void onConnectStep(Conn& c, uint32_t slot, ConnectStep step);
-    void retryFdWaiters();
+    void retryFdWaiter(UserData ud) override;
     // The client came from one of the relay's own upstream sockets (loop_guard.hpp): its
     // backend is taken down; true when c was closed for it.
     bool closedAsLoop(Conn& c, uint32_t slot);
@@ -132,7 +122,6 @@ class Connections {
     const int64_t& now_ms_;
     const uint32_t max_conns_;
     Paths& paths_;
-    Admission admission_;
     UpstreamSide upstream_;
     LoopGuard::Table& loops_;  // this worker's upstream sockets (loop_guard.hpp)
     ProxyReader proxy_reader_;
@@ -146,7 +135,6 @@ class Connections {
     uint32_t live_ = 0;
     std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
-    bool resume_wanted_ = false;
 };
 
 }  // namespace zcrelay

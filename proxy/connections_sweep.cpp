@@ -1,9 +1,9 @@
 // The worker's tick over every connection (Connections::sweep and what it calls): the PROXY
 // and inspection timeouts, idle, the half-close fin timeouts, max_connection_duration and its
-// graceful end, the drain's deadline, and quiet pipes going back to the pool; and the two
-// closes that walk every slot on request (the runtime API's end of a backend, the drain's
-// queued connections). Each reads the clock the worker ticks (now_ms_) and closes through the
-// lifecycle (connections.cpp); none moves a byte.
+// graceful end, the drain's deadline, and quiet pipes going back to the pool; and the close
+// that walks every slot on request (the runtime API's end of a backend). Each reads the clock
+// the worker ticks (now_ms_) and closes through the lifecycle (connections.cpp); none moves a
+// byte.
 #include <sys/socket.h>
 
 #include <variant>
@@ -12,17 +12,6 @@
 #include "log.hpp"
 
 namespace zcrelay {
-
-void Connections::closeQueued() {
-    // Connections held at max_connections were never served: they go now, as the kernel's
-    // accept queue does with the listeners.
-    for (uint64_t packed : admission_.takeQueue()) {
-        UserData ud = UserData::unpack(packed);
-        Conn& c = conn(ud.slot);
-        if (c.generation == ud.generation && c.state == ConnState::Queued)
-            closeConn(c, ud.slot, CloseReason::Drain);
-    }
-}
 
 void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {

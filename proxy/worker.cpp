@@ -65,7 +65,8 @@ Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
       sockmap_base_(sockmap_base),
       generations_(std::move(runtime), id) {
     applied_generation_.store(rt().generation);
-    acceptor_ = std::make_unique<Acceptor>(std::move(listen_fds), rt(), stats_.accept_paused);
+    acceptor_ = std::make_unique<Acceptor>(id_, std::move(listen_fds), generations_, process_,
+                                           max_conns_, stats_.accept_paused);
     tick_ms_ = tickFor(rt().config);
     tick_ = toTimespec(Duration(tick_ms_));
 }
@@ -126,7 +127,7 @@ Result<void> Worker::setUp() {
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
     if (!wake_fd_) return sysError("eventfd");
     now_ms_ = monotonicMs();
-    armAccepts();
+    acceptor_->start(*ring_, *conns_);
     armWake();
     armTick();
     checker_ = std::make_unique<HealthChecker>(id_, *ring_);
@@ -160,7 +161,7 @@ void Worker::loop() {
         io_uring_cq_advance(ring_->raw(), count);
         // A recv that found the ring empty goes again once buffers went into it.
         if (bufs_->replenished()) conns_->retryStarved();
-        if (conns_->resumeWanted()) resumeAccepting();
+        acceptor_->afterBatch();
     }
 }
 
@@ -179,7 +180,7 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             conns_->onPathScan();
             return;
         case Op::Accept:
-            onAccept(ud.slot, ud.aux, cqe->res);
+            acceptor_->onAccept(ud.slot, ud.aux, cqe->res, now_ms_);
             return;
         case Op::Check:
         case Op::CheckTimer:
@@ -190,50 +191,6 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             conns_->onCompletion(ud, cqe);
             return;
     }
-}
-
-// ---- accepting -----------------------------------------------------------------------------
-
-void Worker::armAccept(uint32_t li) {
-    if (draining_) return;
-    uint32_t live = conns_->live();
-    uint32_t room = live < max_conns_ ? max_conns_ - live : 0;
-    acceptor_->arm(*ring_, li, room,
-                   [&](int32_t listener) { return conns_->belowLimits(listener); });
-}
-
-void Worker::armAccepts() {
-    for (uint32_t i = 0; i < acceptor_->count(); ++i) armAccept(i);
-}
-
-void Worker::onAccept(uint32_t li, uint8_t aux, int res) {
-    Acceptor::Accepted a = acceptor_->onAccept(li, aux, res, now_ms_);
-    if (a.out_of_fds) {
-        pauseAccepting();
-        return;
-    }
-    if (a.fd >= 0) {
-        if (draining_) {
-            rt().listeners[a.listener].shared->stats[id_].rejected_draining.add();
-            ::close(a.fd);
-        } else if (!conns_->accept(a.fd, a.listener, a.peer)) {
-            ::close(a.fd);  // no slot left
-        }
-        // This worker's share of the fd budget is spent: stop accepting (backpressure: clients
-        // wait in the kernel's queue) rather than run into EMFILE.
-        if (conns_->live() >= max_conns_) pauseAccepting();
-    }
-    armAccept(li);
-}
-
-void Worker::pauseAccepting() {
-    // onTick (or a connection closing) resumes once the budget has room and the spare fd can
-    // be reopened.
-    acceptor_->pause(*ring_);
-}
-
-void Worker::resumeAccepting() {
-    if (conns_->resume(draining_)) armAccepts();
 }
 
 // ---- commands, reload, the tick ------------------------------------------------------------
@@ -250,8 +207,7 @@ void Worker::onWake() {
         draining_ = true;
         checker_->drain();
         drain_deadline_ms_ = now_ms_ + rt().config.drain_timeout.count();
-        acceptor_->closeAll(*ring_);
-        conns_->closeQueued();
+        acceptor_->drain();
         LOG_INFO("draining %u connections (deadline %lld ms)", conns_->live(),
                  static_cast<long long>(rt().config.drain_timeout.count()));
     }
@@ -301,12 +257,12 @@ void Worker::applyReload() {
         applied_generation_.store(next->generation);
         return;
     }
-    acceptor_->reload(*ring_, rt(), *next, std::move(fds));
+    acceptor_->reload(*next, std::move(fds));
     generations_.advance(std::move(next));
     tick_ms_ = tickFor(rt().config);
     tick_ = toTimespec(Duration(tick_ms_));
     checker_->reset(rt());
-    armAccepts();
+    acceptor_->armAll();
     applied_generation_.store(rt().generation);
 }
 
@@ -323,7 +279,7 @@ void Worker::onTick() {
     // Starved copy directions left over by a round's budget, should no buffer come back.
     conns_->retryStarved();
     restoreEjected();
-    resumeAccepting();
+    acceptor_->onTick();
     armTick();
 }
 

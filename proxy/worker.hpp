@@ -80,12 +80,6 @@ class Worker {
     void dispatch(const io_uring_cqe* cqe);
 
     const Runtime& rt() const { return generations_.rt(); }
-    // Accepting.
-    void armAccept(uint32_t li);
-    void armAccepts();
-    void onAccept(uint32_t li, uint8_t aux, int res);
-    void pauseAccepting();
-    void resumeAccepting();
     // Commands, reload, the tick.
     void armWake();
     void onWake();
@@ -122,7 +116,7 @@ class Worker {
     std::unique_ptr<ZerocopyHolds> holds_;  // the buffers zero-copy sends lent to the kernel
     std::unique_ptr<PumpEnv> pumps_;      // what the data paths share: buffers, pipes, sockmap
     std::unique_ptr<Paths> paths_;        // which pump each direction runs, and the paths' state
-    std::unique_ptr<Acceptor> acceptor_;  // the listening sockets and their accepts
+    std::unique_ptr<Acceptor> acceptor_;  // accepting: listeners, admission, pause and resume
     std::unique_ptr<Connections> conns_;  // the slot table and the connections' lifecycle
     uint64_t wake_value_ = 0;
     __kernel_timespec tick_{};

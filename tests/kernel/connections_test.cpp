@@ -131,23 +131,23 @@ class Lifecycle {
         pipes_ = std::make_unique<PipePool>(s.pipes, INT32_MAX, stats_);
         holds_ = std::make_unique<ZerocopyHolds>(8);
         env_.reset(new PumpEnv{*bufs_, *pipes_, nullptr, stats_, zc, *holds_});
-        // The Acceptor owns a listening socket of its own: the test accepts the clients itself
-        // (on front_) and hands them over as Worker::onAccept does.
-        std::vector<UniqueFd> fds;
-        test::Listening spare = test::listenLoopback(AF_INET);
-        fds.emplace_back(spare.fd.release());
-        acceptor_ = std::make_unique<Acceptor>(std::move(fds), *rt_, stats_.accept_paused);
+        // The Acceptor gets no listening socket: the test accepts the clients itself (on
+        // front_) and hands them to Connections as the Acceptor does; admission, the admit
+        // queue and resumption are the Acceptor's all the same.
         gens_ = std::make_unique<Generations>(rt_, 0);
+        acceptor_ = std::make_unique<Acceptor>(0, std::vector<UniqueFd>{}, *gens_, process_, 64,
+                                               stats_.accept_paused);
         now_ms = monotonicMs();
         paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_);
         conns_ = std::make_unique<Connections>(0, *ring_, process_, stats_, *env_, *acceptor_,
                                                *gens_, now_ms, 64, *paths_);
+        acceptor_->start(*ring_, *conns_);
     }
     ~Lifecycle() {
         if (!conns_) return;
         // Everything still open goes as at a drain deadline, and every slot is waited for, so
         // no SQE of a connection is left when the ring goes.
-        conns_->closeQueued();
+        acceptor_->drain();
         conns_->sweep(true, kTickMs);
         run([&] { return conns_->live() == 0; }, 2000ms);
     }
@@ -229,7 +229,7 @@ class Lifecycle {
             }
             io_uring_cq_advance(ring_->raw(), count);
             if (bufs_->replenished()) conns_->retryStarved();
-            if (conns_->resumeWanted()) conns_->resume(false);
+            acceptor_->afterBatch();
         }
         return true;
     }
@@ -286,8 +286,8 @@ class Lifecycle {
     std::unique_ptr<PipePool> pipes_;
     std::unique_ptr<ZerocopyHolds> holds_;
     std::unique_ptr<PumpEnv> env_;
-    std::unique_ptr<Acceptor> acceptor_;
     std::unique_ptr<Generations> gens_;
+    std::unique_ptr<Acceptor> acceptor_;
     std::unique_ptr<Paths> paths_;
     std::unique_ptr<Connections> conns_;
 };
@@ -583,7 +583,7 @@ TEST(Connections, AtMaxConnectionsAClientWaitsQueuedUntilOneEnds) {
     ASSERT_TRUE(r.ok());
     Relayed first = relay(r);
     ASSERT_TRUE(first.upstream);
-    EXPECT_FALSE(r.conns().belowLimits(0));
+    EXPECT_FALSE(r.acceptor().belowLimits(0));
     // An accept armed before the limit was reached completes: held, unserved.
     Fd second = r.client();
     EXPECT_EQ(r.conns().live(), 2u);
@@ -608,7 +608,7 @@ TEST(Connections, AQueuedClientIsClosedAtDrain) {
     ASSERT_TRUE(first.upstream);
     Fd second = r.client();
     EXPECT_EQ(r.conns().live(), 2u);
-    r.conns().closeQueued();
+    r.acceptor().drain();
     EXPECT_EQ(r.closed(CloseReason::Drain), 1u);
     ASSERT_TRUE(r.run([&] { return r.conns().live() == 1; }));
     EXPECT_EQ(r.peerEnd(second.get()), IoStatus::Eof);
