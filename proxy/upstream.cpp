@@ -126,7 +126,7 @@ ConnectStep UpstreamSide::connect(Ring& ring, Conn& c, uint32_t slot) {
         auto fd = openUpstreamSocket(be.config.address, cl.config.source);
         // The fd budget keeps this rare, but pipes or the metrics server can take the last
         // fds between an accept and its upstream socket: the client is not dropped (see
-        // Admission::useSpareFd).
+        // Acceptor::outOfFds).
         if (!fd && (fd.error().code == EMFILE || fd.error().code == ENFILE))
             return {ConnectStep::OutOfFds};
         if (!fd && (fd.error().code == EADDRINUSE || fd.error().code == EADDRNOTAVAIL)) {
