@@ -1,6 +1,6 @@
 // The metric table (proxy/metric_table.hpp) and what the repository says about metrics agree:
-// docs/metrics.md, the Grafana board and the Prometheus rules name no metric the table lacks, and
-// docs/metrics.md lists every metric the table has. Read as plain text, no relay: the
+// the README, every page of docs/, the Grafana board and the Prometheus rules name no metric the
+// table lacks, and docs/metrics.md lists every metric the table has. Read as plain text, no relay: the
 // observability integration cases check the same files against a live scrape.
 //
 // How a name in those files is told apart from the rest of the text: a name is a maximal run of
@@ -10,10 +10,14 @@
 //    Prometheus keeps colons for those, and no metric of ours has one. It is not checked.
 //  - `_bucket`, `_sum`, `_count` after a histogram's name are the series it exposes; `_total`
 //    is part of our counters' names in the table, as on /metrics, so it is never stripped.
+//  - A run followed by a dot and a letter, a digit or a `*` is a file's name or a version
+//    (process_stats.hpp, process_stats.*, zcrelay_0.1.0_amd64.deb), not a metric's; a name
+//    that ends a sentence has a space or a line's end after its dot.
 #include "metric_table.hpp"
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -52,7 +56,11 @@ std::set<std::string> namesIn(const std::string& text) {
         size_t end = i;
         while (end < text.size() && isNameChar(text[end])) ++end;
         const std::string run = text.substr(i, end - i);
+        const bool file_name = end + 1 < text.size() && text[end] == '.' &&
+                               (std::isalnum(static_cast<unsigned char>(text[end + 1])) ||
+                                text[end + 1] == '*');
         i = end;
+        if (file_name) continue;
         bool ours = false;
         for (std::string_view prefix : {"zcrelay_", "process_"})
             ours = ours || (run.size() > prefix.size() && run.starts_with(prefix));
@@ -106,6 +114,9 @@ TEST(MetricTable, TellsNamesFromRecordingRulesAndHistogramSeries) {
                       "zcrelay_connection_duration_seconds_bucket"),
               (std::set<std::string>{"zcrelay_bytes_total", "process_open_fds",
                                      "zcrelay_connection_duration_seconds_bucket"}));
+    EXPECT_EQ(namesIn("process_stats.hpp process_stats.* zcrelay_0.1.0_amd64.deb ends "
+                      "zcrelay_bytes_total.\n"),
+              (std::set<std::string>{"zcrelay_bytes_total"}));
     EXPECT_TRUE(inTable("zcrelay_connection_duration_seconds_bucket"));
     EXPECT_TRUE(inTable("zcrelay_backend_connect_duration_seconds_count"));
     EXPECT_FALSE(inTable("zcrelay_connections_total_count"));  // a counter has no such series
@@ -123,6 +134,17 @@ TEST(MetricTable, NamesAreUniqueAndHelpsFilled) {
 
 TEST(MetricTable, DocsNameOnlyMetricsOfTheTable) {
     const auto unknown = unknownNames({kSourceDir / "docs/metrics.md"});
+    EXPECT_TRUE(unknown.empty()) << "not in proxy/metric_table.hpp:\n" << describe(unknown);
+}
+
+// The README and every page a reader walks to from it, beside docs/metrics.md above.
+TEST(MetricTable, ReadmeAndEveryDocNameOnlyMetricsOfTheTable) {
+    std::vector<std::filesystem::path> files{kSourceDir / "README.md",
+                                             kSourceDir / "proxy/kernel.md"};
+    for (const auto& entry : std::filesystem::directory_iterator(kSourceDir / "docs"))
+        if (entry.path().extension() == ".md") files.push_back(entry.path());
+    ASSERT_GE(files.size(), 7u);  // README, kernel notes, five pages
+    const auto unknown = unknownNames(files);
     EXPECT_TRUE(unknown.empty()) << "not in proxy/metric_table.hpp:\n" << describe(unknown);
 }
 
