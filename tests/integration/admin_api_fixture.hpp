@@ -40,8 +40,9 @@ namespace zcrelay::test::admin_api_test {
 inline constexpr const char* kAdminChanges = "zcrelay_admin_changes_total";     // {change}
 inline constexpr const char* kAdminRequests = "zcrelay_admin_requests_total";   // {result}
 inline constexpr const char* kAdminRejected = "zcrelay_admin_endpoint_rejected_total";  // {reason}
-inline constexpr const char* kAdminState = "zcrelay_backend_admin_state";  // {cluster,backend,state}
-inline constexpr const char* kBackendWeight = "zcrelay_backend_weight";    // {cluster,backend}
+// kAdminState: {cluster,backend,state}
+inline constexpr const char* kAdminState = "zcrelay_backend_admin_state";
+inline constexpr const char* kBackendWeight = "zcrelay_backend_weight";  // {cluster,backend}
 inline constexpr const char* kCluster = "app";
 
 inline Labels withLabel(Labels l, const std::string& key, const std::string& value) {
@@ -164,7 +165,8 @@ inline ApiReply toReply(std::optional<HttpResponse> r, const std::string& transp
 
 // An error answer: `status`, a JSON object whose only member is the string "error", which
 // mentions `mention`.
-inline ::testing::AssertionResult isError(const ApiReply& r, int status, const std::string& mention) {
+inline ::testing::AssertionResult isError(const ApiReply& r, int status,
+                                          const std::string& mention) {
     if (r.status != status)
         return ::testing::AssertionFailure() << "expected status " << status << "; " << r.describe();
     if (!r.json || r.json->type != Json::Type::Object)
@@ -284,7 +286,7 @@ struct BackendLine {
 
 // A top-level `clusters:` block with the one cluster "app".
 inline std::string clusterYaml(const std::vector<BackendLine>& backends,
-                        const std::string& settings = "    balance: round_robin\n") {
+                               const std::string& settings = "    balance: round_robin\n") {
     std::string y = "clusters:\n  - name: app\n" + settings + "    backends:\n";
     for (const auto& b : backends)
         y += "      - {address: \"" + b.address + "\", weight: " + std::to_string(b.weight) + "}\n";
@@ -296,7 +298,7 @@ inline std::string adminYaml(const std::string& listen, const std::string& extra
 }
 
 inline RelayConfig clusterConfig(const std::string& admin, const std::string& clusters,
-                          const std::string& mode = "splice") {
+                                 const std::string& mode = "splice") {
     RelayConfig config;
     config.workers = 2;
     ListenerSpec l;

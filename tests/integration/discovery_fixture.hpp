@@ -60,7 +60,7 @@ inline constexpr const char* kBackendWeight = "zcrelay_backend_weight";  // {clu
 inline constexpr const char* kRefused = "zcrelay_discovery_refused_total";
 inline constexpr const char* kRefusedNow = "zcrelay_discovery_refused_addresses";
 inline const std::vector<std::string> kOutcomes = {"success", "nxdomain", "no_records",  "servfail",
-                                            "refused", "timeout",  "unreachable", "error"};
+                                                   "refused", "timeout",  "unreachable", "error"};
 
 inline Labels cluster(const std::string& name) { return {{"cluster", name}}; }
 inline Labels outcome(const std::string& cluster_name, const std::string& what) {
@@ -214,7 +214,7 @@ using BackendPtr = std::unique_ptr<Backend>;
 // Backends on each of `ips` (tagged `tags[i]`), all at one port: the kernel picks it for the
 // first, the others bind it too (retried on a new port if one of them is taken meanwhile).
 inline std::vector<BackendPtr> backendsOnOnePort(const std::vector<std::string>& ips,
-                                          const std::string& tags, std::string& error) {
+                                                 const std::string& tags, std::string& error) {
     for (int attempt = 0; attempt < 8; ++attempt) {
         std::vector<BackendPtr> out;
         uint16_t port = 0;
@@ -305,8 +305,8 @@ struct ClusterSpec {
 };
 
 // Cluster `name` following the A/AAAA name `dns` at `port`, its listener `listener`.
-inline ClusterSpec dnsCluster(const std::string& dns, uint16_t port, const std::string& name = "web",
-                       const std::string& listener = "t") {
+inline ClusterSpec dnsCluster(const std::string& dns, uint16_t port,
+                              const std::string& name = "web", const std::string& listener = "t") {
     ClusterSpec c;
     c.name = name;
     c.listener = listener;

@@ -57,12 +57,12 @@ inline constexpr Millis kPause{2};  // between two writes: separate segments und
 // cover both hand-offs; copy's pumps are the relay suite's subject.
 inline const std::vector<std::string> kHandOffModes = {"splice", "sockmap"};
 
-// The contract's names.
-inline constexpr const char* kRouteSelections = "zcrelay_route_selections_total";   // {listener, route}
-inline constexpr const char* kInspectFailures = "zcrelay_inspect_failures_total";   // {listener, reason}
+// The contract's names; the first two are labelled {listener, route} and {listener, reason}.
+inline constexpr const char* kRouteSelections = "zcrelay_route_selections_total";
+inline constexpr const char* kInspectFailures = "zcrelay_inspect_failures_total";
 inline constexpr const char* kInspectSeconds = "zcrelay_inspect_duration_seconds";  // histogram
 inline const std::vector<std::string> kInspectReasons = {"timeout",   "not_tls", "too_large",
-                                                  "malformed", "no_sni",  "no_route"};
+                                                         "malformed", "no_sni",  "no_route"};
 inline const std::string kNoRouteClose = "no_route";  // zcrelay_connections_closed_total{reason}
 
 inline Labels routeLabels(const std::string& route, const std::string& listener = "t") {
@@ -280,7 +280,8 @@ inline const std::string kRoutes = kConditionalRoutes + "      - {cluster: fallb
 
 // Listener `name` routing by the ClientHello: `routes` then `more` (keys, 4 spaces in).
 inline ListenerSpec routedListener(const std::string& name, const std::string& mode,
-                            const std::string& routes = kRoutes, const std::string& more = "") {
+                                   const std::string& routes = kRoutes,
+                                   const std::string& more = "") {
     ListenerSpec l;
     l.name = name;
     l.mode = mode;
@@ -290,7 +291,7 @@ inline ListenerSpec routedListener(const std::string& name, const std::string& m
 }
 
 inline RelayConfig routedConfig(const ClusterAddrs& to, std::vector<ListenerSpec> listeners,
-                         const std::string& send_proxy = "") {
+                                const std::string& send_proxy = "") {
     RelayConfig c;
     c.extra_yaml = clustersYaml(to, send_proxy);
     c.listeners = std::move(listeners);

@@ -132,7 +132,7 @@ t.close()
 )PY";
 
 inline ::testing::AssertionResult makeCertificate(const Tools& tools, const TempDir& dir,
-                                           const std::string& cn) {
+                                                  const std::string& cn) {
     CommandResult r =
         runCommand({tools.openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt",
                     "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=" + cn,
@@ -235,8 +235,8 @@ inline std::string reportedCn(const std::string& text, const std::regex& pattern
 // openssl s_client: verifies against `cafile` (a failed verification ends the handshake),
 // sends `stdin_path` and reads until the server closes (-ign_eof). Empty `cafile`: no checks,
 // for captures.
-inline ClientRun sClient(const Tools& tools, uint16_t port, const Offer& offer, const std::string& cafile,
-                  const std::string& stdin_path = "/dev/null") {
+inline ClientRun sClient(const Tools& tools, uint16_t port, const Offer& offer,
+                         const std::string& cafile, const std::string& stdin_path = "/dev/null") {
     std::vector<std::string> argv = {tools.openssl, "s_client", "-connect",
                                      "127.0.0.1:" + std::to_string(port)};
     if (offer.sni)
@@ -269,8 +269,9 @@ inline ClientRun curlGet(const Tools& tools, uint16_t port, const std::string& n
 }
 
 // kPythonClient (`script`) with `more` arguments (--mode, --big, --proxy-v1...).
-inline ClientRun python(const Tools& tools, const std::string& script, uint16_t port, const Offer& offer,
-                 const std::string& cafile, const std::vector<std::string>& more = {}) {
+inline ClientRun python(const Tools& tools, const std::string& script, uint16_t port,
+                        const Offer& offer, const std::string& cafile,
+                        const std::vector<std::string>& more = {}) {
     std::vector<std::string> argv = {tools.python, script, "--port", std::to_string(port)};
     if (offer.sni) argv.insert(argv.end(), {"--sni", *offer.sni});
     if (!offer.alpn.empty()) argv.insert(argv.end(), {"--alpn", offer.alpn});
