@@ -160,7 +160,7 @@ inline HelloFields parseHello(const std::string& m) {
     return f;
 }
 
-// PROXY headers as a client puts them in front (the proxy_protocol_test builds the same by hand
+// PROXY headers as a client puts them in front (proxy_protocol_fixture.hpp builds the same by hand
 // from the spec): 192.0.2.10:40000 -> 198.51.100.20:443.
 inline const std::string kProxyV1 = "PROXY TCP4 192.0.2.10 198.51.100.20 40000 443\r\n";
 inline std::string proxyV2() {
