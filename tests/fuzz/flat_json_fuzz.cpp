@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "flat_json.hpp"
+#include "support/latin1.hpp"
 
 namespace {
 
@@ -22,19 +23,7 @@ void check(bool ok) {
     if (!ok) __builtin_trap();
 }
 
-std::string latin1ToUtf8(std::string_view bytes) {
-    std::string out;
-    for (const char ch : bytes) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c < 0x80) {
-            out += ch;
-        } else {
-            out += static_cast<char>(0xc0 | (c >> 6));
-            out += static_cast<char>(0x80 | (c & 0x3f));
-        }
-    }
-    return out;
-}
+using zcrelay::test::latin1ToUtf8;  // tests/support/latin1.hpp
 
 // An error ends in " at byte N" with N at most the text's size.
 void checkError(const std::string& error, size_t size) {

@@ -1,7 +1,7 @@
 // Faults injected over real loopback sockets, in every data path (splice, copy, sockmap): an
 // upstream that accepts and never reads, a client that vanishes without a FIN (its packets
 // dropped by an iptables rule on `lo`), an upstream that is down and then comes up.
-// The resets, the SYN-drop blackhole, SIGTERM and EMFILE are in relay_test.cpp,
+// The resets, the SYN-drop blackhole, SIGTERM and EMFILE are in relay_close_test.cpp,
 // lifecycle_test.cpp and limits_test.cpp. The oracle is what the peers see and the relay's own
 // counters, waited on with deadlines.
 #include <gtest/gtest.h>

@@ -58,7 +58,7 @@ TEST_F(SockmapTest, SlowUpstreamHoldsBackAFastClient) {
         if (!answerPing(fd, rec, stop)) return;
         // Reads nothing until the client has pushed all it could.
         if (!waitUntil([&] { return go.load() || stop.load(); }, kBulkDeadline, Millis{5})) return;
-        readToEof(fd, rec, stop, self);
+        readToEof(fd, rec, stop, self, kBulkDeadline);
         ::shutdown(fd.get(), SHUT_WR);
     });
     ASSERT_NO_FATAL_FAILURE(startRelay(up));

@@ -191,7 +191,7 @@ TEST_F(SockmapTest, HalfCloseClientFinFirstThenUpstreamSends10MiB) {
     ScriptedUpstream up(AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
                                     ScriptedUpstream& self) {
         if (!answerPing(fd, rec, stop)) return;
-        readToEof(fd, rec, stop, self);
+        readToEof(fd, rec, stop, self, kBulkDeadline);
         if (rec.read_end.status != IoStatus::Eof) return;
         rec.write_end = sendPayload(fd.get(), kSeedB, kResponse, kBulkDeadline, &stop);
         rec.bytes_sent = rec.write_end.bytes;
@@ -232,7 +232,7 @@ TEST_F(SockmapTest, HalfCloseUpstreamFinFirstThenClientSends10MiB) {
         rec.bytes_sent = rec.write_end.bytes;
         if (!rec.write_end.ok()) return;
         ::shutdown(fd.get(), SHUT_WR);
-        readToEof(fd, rec, stop, self);
+        readToEof(fd, rec, stop, self, kBulkDeadline);
     });
     ASSERT_NO_FATAL_FAILURE(startRelay(up));
     Connected client = connectClient();

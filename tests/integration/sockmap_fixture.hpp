@@ -75,21 +75,6 @@ inline bool answerPing(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop) {
     return true;
 }
 
-// Reads until EOF into `rec` (hash, count, how it ended), counting live progress on `up`.
-inline void readToEof(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up,
-                      Millis timeout = kBulkDeadline) {
-    StreamHash h;
-    rec.read_end = readStreamUntilEof(
-        fd.get(),
-        [&](std::span<const uint8_t> d) {
-            h.update(d);
-            up.addLiveBytes(d.size());
-        },
-        timeout, &stop);
-    rec.bytes_received = h.bytes();
-    rec.received_hash = h.value();
-}
-
 // ---------------------------------------------------------------------------------------------
 // Fixture.
 

@@ -14,11 +14,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "pump/splice_pump.hpp"
 #include "support/labels.hpp"
+#include "support/loopback.hpp"
 
 namespace zcrelay {
 namespace {
@@ -203,15 +206,8 @@ TEST(SplicePump, PipeFullOfSmallSegmentsIsNotEndOfData) {
         }
         ::shutdown(in.client, SHUT_WR);
     });
-    std::vector<char> got;
-    std::thread reader([&] {
-        char buf[65536];
-        for (;;) {
-            ssize_t n = ::recv(out.client, buf, sizeof buf, 0);
-            if (n <= 0) break;
-            got.insert(got.end(), buf, buf + n);
-        }
-    });
+    std::string got;
+    std::thread reader([&] { test::readUntilEof(out.client, got, 30s); });
     SplicePump d;
     uint64_t total = 0;
     auto kind = driveUntilDone(d, in.server, out.server, pool, total,
@@ -260,12 +256,8 @@ TEST(SplicePump, SlowReaderParksBytesInThePipeThenResumes) {
     EXPECT_LT(total, kTotal) << "the receiver read nothing, so the socket buffers must have filled";
     size_t got = 0;
     std::thread reader([&] {
-        char buf[65536];
-        for (;;) {
-            ssize_t n = ::recv(out.client, buf, sizeof buf, 0);
-            if (n <= 0) break;
-            got += static_cast<size_t>(n);
-        }
+        test::readStreamUntilEof(
+            out.client, [&](std::span<const uint8_t> d) { got += d.size(); }, 30s);
     });
     kind = driveUntilDone(d, in.server, out.server, pool, total,
                           std::chrono::steady_clock::now() + 20s);

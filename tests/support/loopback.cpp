@@ -504,9 +504,8 @@ ConnScript echoScript() {
     };
 }
 
-// Reads until EOF (or stop), hashing what arrives into `rec` and counting it live on `up`.
-static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
-                           ScriptedUpstream& up) {
+void readToEof(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up,
+               Millis timeout) {
     StreamHash h;
     rec.read_end = readStreamUntilEof(
         fd.get(),
@@ -514,7 +513,7 @@ static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& sto
             h.update(d);
             up.addLiveBytes(d.size());
         },
-        kDefaultIoTimeout, &stop);
+        timeout, &stop);
     rec.ended_at = Clock::now();
     rec.bytes_received = h.bytes();
     rec.received_hash = h.value();
@@ -522,7 +521,7 @@ static void readIntoRecord(Fd& fd, ConnRecord& rec, const std::atomic<bool>& sto
 
 ConnScript sinkScript(uint64_t reply_seed, uint64_t reply_bytes) {
     return [=](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up) {
-        readIntoRecord(fd, rec, stop, up);
+        readToEof(fd, rec, stop, up);
         if (rec.read_end.status != IoStatus::Eof) return;
         if (reply_bytes > 0) {
             rec.write_end =
@@ -543,7 +542,7 @@ ConnScript sourceScript(uint64_t seed, uint64_t bytes) {
             return;
         }
         ::shutdown(fd.get(), SHUT_WR);
-        readIntoRecord(fd, rec, stop, up);
+        readToEof(fd, rec, stop, up);
     };
 }
 

@@ -227,6 +227,11 @@ struct ConnRecord {
 };
 
 class ScriptedUpstream;
+// A script's read until EOF (or `stop`): the bytes' count and hash into `rec` (read_end,
+// bytes_received, received_hash, ended_at), each chunk counted live on `up` as it arrives.
+// The sink and source scripts read their peer with it; a case's own script can too.
+void readToEof(Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up,
+               Millis timeout = kDefaultIoTimeout);
 // Runs on its own thread with the accepted socket (blocking mode). Must return within its own
 // I/O deadlines, and promptly once `stop` is set (pass it as the CancelFlag).
 // The script may close `fd` itself (e.g. with closeWithReset); otherwise it is closed when the

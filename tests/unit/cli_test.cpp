@@ -7,13 +7,9 @@
 namespace zcrelay {
 namespace {
 
+// The message of the ConfigError that resolving `args` throws (unit::errorOf).
 std::string cliErrorOf(const std::vector<std::string>& args) {
-    try {
-        resolveConfig(parseCli(args));
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
+    return unit::errorOf([&] { resolveConfig(parseCli(args)); });
 }
 
 using unit::addr;

@@ -17,7 +17,8 @@ inline void PrintTo(const SocketAddress& a, std::ostream* os) { *os << a.toStrin
 
 namespace unit {
 
-// The message of the ConfigError that `load` throws, or a marker that fails any comparison.
+// The message of the ConfigError that `load` throws, or a marker that fails any comparison. The
+// one catch of the loader's exception for every unit case (cli_test's cliErrorOf too).
 template <class F>
 std::string errorOf(F&& load) {
     try {

@@ -11,6 +11,7 @@
 
 #include "support/labels.hpp"
 #include "support/json.hpp"
+#include "support/latin1.hpp"
 
 namespace zcrelay {
 namespace {
@@ -28,21 +29,8 @@ const FlatValue* member(const FlatObject& o, std::string_view key) {
     return nullptr;
 }
 
-// What a JSON reader makes of jsonString(text): each byte >= 0x80 is written as \u00XX, which
-// reads back as the code point U+00XX, i.e. two UTF-8 bytes (a Latin-1 reading of the bytes).
-std::string latin1ToUtf8(std::string_view bytes) {
-    std::string out;
-    for (const char ch : bytes) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c < 0x80) {
-            out += ch;
-        } else {
-            out += static_cast<char>(0xc0 | (c >> 6));
-            out += static_cast<char>(0x80 | (c & 0x3f));
-        }
-    }
-    return out;
-}
+// What a JSON reader makes of jsonString(text) (support/latin1.hpp).
+using test::latin1ToUtf8;
 
 // ---- parseFlatObject: what it takes ----
 
