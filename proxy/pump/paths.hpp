@@ -61,9 +61,10 @@ class Paths {
     // entered the map, moved by the sockmap pump's catch-up path: ~19 us a connection
     // (bench/run's sni workload), and a segment the relay had read the header from came back to
     // the verdict as a replay, after which that direction stalled (17 of 20 connections lost a
-    // later write, tests/integration/sni_routing_test.cpp). Sent on before the sockets enter
-    // the map, they cost a peek, a send and a read; a send the upstream cut short leaves a read
-    // segment queued again (PathRequest::partly_read), and that connection runs splice.
+    // later write in the SNI routing cases, now tests/integration/sni_hello_framing_test.cpp
+    // and sni_proxy_header_test.cpp). Sent on before the sockets enter the map, they cost a
+    // peek, a send and a read; a send the upstream cut short leaves a read segment queued
+    // again (PathRequest::partly_read), and that connection runs splice.
     bool wantsQueueSentFirst(DataPath mode) const {
         return mode == DataPath::Sockmap && sockmap_ != nullptr;
     }
