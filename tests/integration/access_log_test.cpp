@@ -335,6 +335,61 @@ TEST(AccessLogTest, JsonLinesNameConnectFailedAndClientReset) {
     EXPECT_TRUE(relay.waitForMetric(metric::kClosedTotal, metric::reason("client_reset", "ok"), 1));
 }
 
+// A client that resets after two exchanges: its line counts every byte its data path moved,
+// the same bytes as zcrelay_bytes_total, in every mode. Sockmap's bytes are the kernel's, read
+// from the program's counters every tick and at close; the line used to be written before that
+// last read, so a connection reset within a tick of its last bytes logged only what was read
+// before (a psql session over TLS, reset by psql at its end, logged 8 bytes up and 0 down).
+class ResetAccessLogTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ResetAccessLogTest, AClientResetLogsEveryByteItsDataPathMoved) {
+    const std::string mode = GetParam();
+    ScriptedUpstream echo(AF_INET, echoScript());
+    ASSERT_TRUE(echo.ok()) << echo.error();
+    RelayProcess relay;
+    const std::string log_path = relay.dir() + "/access.log";
+    RelayConfig config;
+    config.extra_yaml = "access_log:\n  path: \"" + log_path + "\"\n";
+    addCluster(config, echo.hostPort());
+    ListenerSpec t;
+    t.cluster = "app";
+    t.mode = mode;
+    config.listeners = {t};
+    ASSERT_TRUE(relay.start(config));
+    EXPECT_EQ(relay.metric(metric::kDatapathInfo, metric::datapath(mode)), 1.0);
+
+    Connected c = connectTo("127.0.0.1", relay.port("t"));
+    ASSERT_TRUE(c.fd) << c.error;
+    const std::string address = localAddress(c.fd.get());
+    // The first answer shows the connection relaying (a sockmap pair is in the map by then);
+    // the second exchange is the data path's alone: in sockmap mode, the kernel's.
+    uint64_t moved = 0;
+    for (uint64_t size : {uint64_t{1000}, uint64_t{64} << 10}) {
+        ASSERT_TRUE(sendPayload(c.fd.get(), 0x51 + moved, size).ok());
+        std::vector<uint8_t> back(size);
+        IoResult r = readExactly(c.fd.get(), back.data(), back.size(), Millis{10'000});
+        ASSERT_TRUE(r.ok()) << r.describe();
+        moved += size;
+    }
+    closeWithReset(c.fd);
+
+    std::vector<JsonLine> lines = parseAll(waitForLines([&] { return fileLines(log_path); }, 1));
+    const JsonLine* l = byClient(lines, address);
+    ASSERT_NE(l, nullptr) << readFileText(log_path);
+    EXPECT_EQ(l->str("termination"), "client_reset");
+    EXPECT_EQ(l->str("path"), mode);
+    EXPECT_EQ(l->str("bytes_up"), std::to_string(moved)) << "what the client sent";
+    EXPECT_EQ(l->str("bytes_down"), std::to_string(moved)) << "what it received";
+    for (const char* direction : {"upstream", "downstream"}) {
+        Labels labels = metric::bytes(direction);
+        labels["path"] = mode;
+        EXPECT_EQ(relay.metric(metric::kBytesTotal, labels), static_cast<double>(moved))
+            << direction << ": the line and the metric count the same bytes";
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, ResetAccessLogTest, ::testing::ValuesIn(kModes), modeName);
+
 // Text: space-separated fields, "-" for what is absent.
 TEST(AccessLogTest, TextLinesHaveTheDocumentedFields) {
     ScriptedUpstream backend(AF_INET, greetThenSinkScript());
