@@ -10,6 +10,7 @@
 
 #include "clock.hpp"
 #include "log.hpp"
+#include "tcp_options.hpp"
 
 namespace zcrelay {
 namespace {
@@ -421,6 +422,7 @@ void Connections::finishDirection(Conn& c, uint32_t slot, int d) {
     }
     if (!c.bothFinished()) {
         lstats(c).half_closed.add();  // one way done, the other still flowing
+        acknowledgeNow(c.fd[d]);     // its FIN: the peer must not wait for the other's
         return;
     }
     lstats(c).half_closed.sub();

@@ -48,4 +48,11 @@ void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& ke
     }
 }
 
+void acknowledgeNow(int fd) {
+    // TCP_QUICKACK leaves pingpong mode and sends a pending ACK at once (in ESTABLISHED and
+    // CLOSE_WAIT, which is where a socket whose FIN was read sits).
+    int one = 1;
+    if (fd >= 0) ::setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof one);
+}
+
 }  // namespace zcrelay

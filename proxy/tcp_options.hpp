@@ -10,4 +10,13 @@ namespace zcrelay {
 // without them.
 void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& keepalive);
 
+// Sends the ACK the kernel holds back for what `fd` received, its FIN included (TCP_QUICKACK).
+// A FIN puts the receiving socket in delayed-ACK ("pingpong") mode, on the bet that the
+// application closes soon and the ACK rides on its FIN. A relay's FIN waits for the other
+// peer's, often milliseconds (a database backend ending its session: 6 to 11 ms), and a peer
+// with its data and FIN unacknowledged that long sends the FIN again (a tail loss probe, 2
+// jiffies after 2 RTTs). If that copy arrives after the relay's socket closed, it meets an RST:
+// a clean close that ends in a reset in every capture. Failures are ignored: it only hurries.
+void acknowledgeNow(int fd);
+
 }  // namespace zcrelay
