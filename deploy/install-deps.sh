@@ -21,6 +21,9 @@ packages=(
   libclang-rt-dev
   # benches and peers
   haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
+  # a real service behind the relay (bench/fin-resets.sh): PostgreSQL and pgbench, which the
+  # bench runs as the postgres user in a data directory of its own
+  postgresql
   # the suite's stress runs (tests/stress.sh): the cases again while both CPUs are busy
   stress-ng
   # packaging checks (tests/deploy): cpack's DEB generator (dpkg-shlibdeps, file),
