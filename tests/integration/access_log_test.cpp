@@ -167,16 +167,21 @@ std::string refusedClient(uint16_t port) {
     return address;
 }
 
-// An echo client that sends 1000 bytes, reads them back, then resets the connection.
-std::string resettingClient(uint16_t port) {
+// An echo client that sends each of `exchanges` bytes in turn and reads them back (1000 by
+// default), then resets the connection.
+std::string resettingClient(uint16_t port, std::initializer_list<uint64_t> exchanges = {1000}) {
     Connected c = connectTo("127.0.0.1", port);
     EXPECT_TRUE(c.fd) << c.error;
     if (!c.fd) return "";
     std::string address = localAddress(c.fd.get());
-    EXPECT_TRUE(sendPayload(c.fd.get(), 77, 1000).ok());
-    std::vector<uint8_t> back(1000);
-    IoResult r = readExactly(c.fd.get(), back.data(), back.size(), Millis{10'000});
-    EXPECT_TRUE(r.ok()) << r.describe();
+    uint64_t moved = 0;
+    for (uint64_t size : exchanges) {
+        EXPECT_TRUE(sendPayload(c.fd.get(), 77 + moved, size).ok());
+        std::vector<uint8_t> back(size);
+        IoResult r = readExactly(c.fd.get(), back.data(), back.size(), Millis{10'000});
+        EXPECT_TRUE(r.ok()) << r.describe();
+        moved += size;
+    }
     closeWithReset(c.fd);
     return address;
 }
@@ -216,6 +221,21 @@ void addCluster(RelayConfig& config, const std::string& backend) {
         "clusters:\n  - name: app\n    backends:\n      - address: \"" + backend + "\"\n";
 }
 
+// The relay of the one-listener cases: the access log at `path` (in `format`, or the default
+// when empty), the cluster `app` of `backend`, and listener t on it in `mode` (or the default).
+RelayConfig oneListenerConfig(const std::string& path, const std::string& format,
+                              const std::string& backend, const std::string& mode = "") {
+    RelayConfig config;
+    config.extra_yaml = "access_log:\n  path: \"" + path + "\"\n";
+    if (!format.empty()) config.extra_yaml += "  format: " + format + "\n";
+    addCluster(config, backend);
+    ListenerSpec t;
+    t.cluster = "app";
+    if (!mode.empty()) t.mode = mode;
+    config.listeners = {t};
+    return config;
+}
+
 // =============================================================================================
 
 class JsonAccessLogTest : public ::testing::TestWithParam<std::string> {};
@@ -229,14 +249,7 @@ TEST_P(JsonAccessLogTest, EachConnectionLogsOneLineWithItsAddressBytesAndBackend
     ASSERT_TRUE(backend.ok()) << backend.error();
     RelayProcess relay;
     const std::string log_path = relay.dir() + "/access.log";
-    RelayConfig config;
-    config.extra_yaml = "access_log:\n  path: \"" + log_path + "\"\n  format: json\n";
-    addCluster(config, backend.hostPort());
-    ListenerSpec t;
-    t.cluster = "app";
-    t.mode = mode;
-    config.listeners = {t};
-    ASSERT_TRUE(relay.start(config));
+    ASSERT_TRUE(relay.start(oneListenerConfig(log_path, "json", backend.hostPort(), mode)));
     EXPECT_EQ(relay.metric(metric::kDatapathInfo, metric::datapath(mode)), 1.0);
 
     std::vector<ClientSide> clients;
@@ -348,30 +361,14 @@ TEST_P(ResetAccessLogTest, AClientResetLogsEveryByteItsDataPathMoved) {
     ASSERT_TRUE(echo.ok()) << echo.error();
     RelayProcess relay;
     const std::string log_path = relay.dir() + "/access.log";
-    RelayConfig config;
-    config.extra_yaml = "access_log:\n  path: \"" + log_path + "\"\n";
-    addCluster(config, echo.hostPort());
-    ListenerSpec t;
-    t.cluster = "app";
-    t.mode = mode;
-    config.listeners = {t};
-    ASSERT_TRUE(relay.start(config));
+    ASSERT_TRUE(relay.start(oneListenerConfig(log_path, "", echo.hostPort(), mode)));
     EXPECT_EQ(relay.metric(metric::kDatapathInfo, metric::datapath(mode)), 1.0);
 
-    Connected c = connectTo("127.0.0.1", relay.port("t"));
-    ASSERT_TRUE(c.fd) << c.error;
-    const std::string address = localAddress(c.fd.get());
     // The first answer shows the connection relaying (a sockmap pair is in the map by then);
     // the second exchange is the data path's alone: in sockmap mode, the kernel's.
-    uint64_t moved = 0;
-    for (uint64_t size : {uint64_t{1000}, uint64_t{64} << 10}) {
-        ASSERT_TRUE(sendPayload(c.fd.get(), 0x51 + moved, size).ok());
-        std::vector<uint8_t> back(size);
-        IoResult r = readExactly(c.fd.get(), back.data(), back.size(), Millis{10'000});
-        ASSERT_TRUE(r.ok()) << r.describe();
-        moved += size;
-    }
-    closeWithReset(c.fd);
+    constexpr uint64_t kFirst = 1000, kSecond = 64 << 10, moved = kFirst + kSecond;
+    const std::string address = resettingClient(relay.port("t"), {kFirst, kSecond});
+    ASSERT_FALSE(address.empty());
 
     std::vector<JsonLine> lines = parseAll(waitForLines([&] { return fileLines(log_path); }, 1));
     const JsonLine* l = byClient(lines, address);
@@ -466,13 +463,7 @@ TEST(AccessLogTest, DashWritesJsonLinesToStdout) {
     ScriptedUpstream backend(AF_INET, greetThenSinkScript());
     ASSERT_TRUE(backend.ok()) << backend.error();
     RelayProcess relay;
-    RelayConfig config;
-    config.extra_yaml = "access_log:\n  path: \"-\"\n  format: json\n";
-    addCluster(config, backend.hostPort());
-    ListenerSpec t;
-    t.cluster = "app";
-    config.listeners = {t};
-    ASSERT_TRUE(relay.start(config));
+    ASSERT_TRUE(relay.start(oneListenerConfig("-", "json", backend.hostPort())));
 
     constexpr int kConnections = 3;
     std::vector<ClientSide> clients;
