@@ -3,7 +3,8 @@
 // endpoint makes its families from this list (metrics.cpp, which also says what each reads),
 // the tests take the names they scrape from it (tests/support/relay_process.hpp), and a unit
 // case fails when the README, a page of docs/, the Grafana board or the Prometheus rules name a
-// metric it lacks, or docs/metrics.md leaves one out (tests/unit/metric_table_test.cpp). Plain data, no Prometheus: the tests include it.
+// metric it lacks, or docs/metrics.md leaves one out (tests/unit/metric_table_test.cpp). Plain
+// data, no Prometheus: the tests include it.
 //
 // X(Id, name, type, (label names), help). The label names are in the order every series of the
 // family carries them on /metrics. A `{key}` in a help is a number of the code's (a buffer

@@ -1,5 +1,6 @@
 #pragma once
-// The TCP options a listener sets on both sockets of every connection it relays.
+// The TCP options a listener sets on both sockets of every connection it relays, and the ACK
+// a connection sends at once for a FIN it read.
 #include "config.hpp"
 
 namespace zcrelay {
