@@ -60,7 +60,7 @@ static __always_inline int peer_in_flight(struct zcr_link *link, struct zcr_sock
 	__u64 acked = tp ? tp->bytes_acked : 0;
 	bpf_sk_release(peer);
 	/* bytes_acked counts the peer's SYN (and later its FIN) as one byte each. */
-	__u64 sent = st->redirected + st->consumed + 1;
+	__u64 sent = st->sent_before + st->redirected + st->consumed + 1;
 	*in_flight = sent > acked ? sent - acked : 0;
 	return 0;
 }

@@ -16,12 +16,13 @@ struct zcr_link {
 /* zcr_stats: one record per relayed socket, in an mmap()ed array, so user space reads the
  * counters with plain loads and never a syscall. Written by the program: redirected, passed,
  * replayed, skip_at, skip_len, skip_tail, next_seq, flags. Written by user space: consumed,
- * limit, skip_head, stop (and all of it at link time).
+ * limit, skip_head, stop (and all of it at link time, sent_before only then).
  *
  * The program redirects a socket's skb to its peer only while
  *   - the peer is in zcr_socks,
  *   - user space has queued on the peer every byte the program passed (consumed == passed), and
- *   - the bytes in flight towards the peer (redirected + consumed - the peer's bytes_acked)
+ *   - the bytes in flight towards the peer (sent_before + redirected + consumed - the peer's
+ *     bytes_acked)
  *     stay within limit: an egress redirect is charged to no socket, so without this bound a
  *     fast sender and a slow peer pin unbounded kernel memory (712 MiB in 1 s, measured), and
  *   - user space has not set stop (the connection reached max_connection_duration).
@@ -35,6 +36,10 @@ struct zcr_sock_stats {
 	__u64 consumed;   /* of those, bytes user space has queued on the peer (or skipped) */
 	__u64 limit;      /* bytes in flight towards the peer before the program passes */
 	__u64 replayed;   /* skbs the verdict saw a second time, whole (dropped) or in part */
+	/* Bytes user space wrote to the peer before this socket entered the map (a PROXY header,
+	 * early bytes, or what splice moved before the connection was promoted), which the peer's
+	 * bytes_acked counts too. */
+	__u64 sent_before;
 	/* Replayed stretches to skip, in stream order: entry i % ZCR_SKIPS for skip_head <= i <
 	 * skip_tail holds skip_len[i] bytes at offset skip_at[i] of the passed bytes. The
 	 * program appends (skip_tail), user space consumes (skip_head). */

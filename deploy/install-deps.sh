@@ -12,6 +12,8 @@ packages=(
   libbpf-dev bpftool clang llvm clang-format
   # tests
   libgtest-dev googletest netcat-openbsd socat iproute2 iptables procps curl
+  # real bulk clients through mode auto (tests/integration/auto_mode_clients_test.cpp)
+  iperf3
   # TLS peers of the SNI routing tests and bench: openssl s_server/s_client, certificates
   openssl wget
   # DNS discovery: the c-ares resolver library, and the real DNS server (dnsmasq) and dig the

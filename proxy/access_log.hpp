@@ -68,7 +68,7 @@ struct AccessRecord {
     char backend[112] = {};  // "127.0.0.1:9001", "unix:/run/app.sock"; "" if none was chosen
     CloseReason reason = CloseReason::Done;
     uint8_t attempts = 0;  // connect attempts made (retries + 1)
-    char path[8] = {};     // data path: "splice", "copy", "sockmap"
+    char path[16] = {};    // data path: "splice", "copy", "sockmap", "splice>sockmap"
     // routes: the route taken, and what the client's ClientHello said ("" when not inspected).
     char route[48] = {};
     char sni[256] = {};

@@ -31,7 +31,7 @@ const Flag kFlags[] = {
      "without a config file: accept clients on ADDR, e.g. 127.0.0.1:10000 (needs --upstream)"},
     {"--upstream", "", "ADDR", &CliOptions::upstream, CliAction::Run,
      "without a config file: relay each client to ADDR (needs --listen)"},
-    {"--mode", "", "splice|copy|sockmap", &CliOptions::mode, CliAction::Run,
+    {"--mode", "", "splice|copy|sockmap|auto", &CliOptions::mode, CliAction::Run,
      "data path of every listener (overrides the config)"},
     {"--workers", "", "N", &CliOptions::workers, CliAction::Run,
      "worker threads, 1..256 (overrides the config; default: one per online CPU)"},
@@ -125,7 +125,8 @@ Config resolveConfig(const CliOptions& options) {
 
 std::string usageText() {
     std::string text =
-        "Usage: zcrelay [-c FILE] [--workers N] [--mode splice|copy|sockmap] [--metrics ADDR|off]\n"
+        "Usage: zcrelay [-c FILE] [--workers N] [--mode splice|copy|sockmap|auto] "
+        "[--metrics ADDR|off]\n"
         "       zcrelay --listen ADDR --upstream ADDR [options]\n"
         "       zcrelay --check-config FILE | --print-default-config | --version | --help\n"
         "       zcrelay [-c FILE | --listen ADDR --upstream ADDR] [options] --dump-config\n"

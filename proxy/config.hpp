@@ -16,11 +16,6 @@
 
 namespace zcrelay {
 
-// A listener's `mode`: the data path its connections ask for (data_path.hpp); the one that
-// runs may differ (sockmap runs splice where the program cannot load, and for unix backends).
-using Mode = DataPath;
-inline std::string_view modeName(Mode m) { return label(m); }
-
 // The PROXY protocol header sent to a backend before any relayed byte (proxy_protocol.hpp).
 enum class ProxyVersion : uint8_t { Off, V1, V2 };
 std::string_view proxyVersionName(ProxyVersion v);
@@ -158,6 +153,9 @@ struct ListenerConfig {
     uint64_t max_connections_per_source = 0;
     KeepaliveConfig tcp_keepalive;  // on the client socket
     Mode mode = Mode::Splice;
+    // mode auto: how many of this listener's connections each worker keeps on sockmap at once;
+    // an interactive connection past it stays on splice. 0: none is ever promoted.
+    unsigned auto_sockmap_max = 2;
     uint64_t pipe_size = 1 << 20;  // the size a busy direction's pipe grows to (starts at 64 KiB)
     Duration connect_timeout = std::chrono::seconds(5);
     Duration idle_timeout = std::chrono::seconds(300);  // 0 = never

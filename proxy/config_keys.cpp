@@ -432,7 +432,14 @@ const Key<ListenerConfig> kListenerKeyTable[] = {
      .fallback = "splice",
      .help = "splice: socket -> pipe -> socket in the kernel; copy: io_uring recv/send through "
              "user memory; sockmap: eBPF redirect in softirq, lowest latency (splice if BPF "
-             "cannot load)"},
+             "cannot load); auto: splice, and sockmap for connections that turn interactive"},
+    {.name = "auto_sockmap_max",
+     .kind = Kind::Count,
+     .member = &ListenerConfig::auto_sockmap_max,
+     .fallback = "2",
+     .max = 1000000,
+     .help = "mode auto: connections each worker keeps on sockmap at once (past 2-4 busy ones "
+             "splice relays more per CPU); 0 = never promote"},
     {.name = "pipe_size",
      .kind = Kind::Size,
      .member = &ListenerConfig::pipe_size,

@@ -37,7 +37,7 @@ template <>
 struct Choices<Mode> {
     static constexpr std::string_view noun = "mode";
 #define ZCRELAY_MODE_VALUE(name, label) Mode::name,
-    static constexpr std::array values = {ZCRELAY_DATA_PATHS(ZCRELAY_MODE_VALUE)};
+    static constexpr std::array values = {ZCRELAY_MODES(ZCRELAY_MODE_VALUE)};
 #undef ZCRELAY_MODE_VALUE
     static std::string_view name(Mode m) { return modeName(m); }
 };

@@ -241,9 +241,8 @@ void Connections::onHelloRead(Conn& c, uint32_t slot, int res) {
 void Connections::routeChosen(Conn& c, uint32_t slot, RouteChoice choice) {
     const ListenerRt& l = listenerOf(c);
     ListenerStats& s = lstats(c);
-    s.inspect_duration.observe(
-        kInspectBuckets,
-        static_cast<uint64_t>(std::max<int64_t>(0, monotonicUs() - c.connect_start_us)));
+    s.inspect_duration.observe(kInspectBuckets, static_cast<uint64_t>(std::max<int64_t>(
+                                                    0, monotonicUs() - c.connect_start_us)));
     if (choice.failed) {
         s.inspect_failures[idx(choice.why)].add();
         LOG_DEBUG("%s: inspect: %s%s", l.config.name.c_str(),
@@ -341,10 +340,11 @@ void Connections::startRelaying(Conn& c, uint32_t slot) {
         }
     }
     const BackendRt& be = clusterOf(c).backends[c.backend];
-    paths_.choose(PathRequest{lr.config.mode, be.config.address.family() == AF_UNIX,
-                              early.cut_short, slot, lr.config.pipe_size, c.fd, c.proxy_in,
-                              c.proxy_out, early.bytes, lstats(c), lr.config.name},
-                  c.paths, c.dir[0].pump, c.dir[1].pump);
+    paths_.choose(
+        PathRequest{lr.config.mode, be.config.address.family() == AF_UNIX, early.cut_short, slot,
+                    lr.config.pipe_size, c.fd, c.proxy_in, c.proxy_out, early.bytes, lstats(c),
+                    lr.config.name, lr.config.auto_sockmap_max},
+        c.paths, c.dir[0].pump, c.dir[1].pump);
     if (early.bytes > 0) addBytes(c, 0, early.bytes);
     for (int d = 0; d < 2; ++d) {
         PumpPort p = port(c, slot, d);
@@ -378,12 +378,17 @@ void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res
 }
 
 void Connections::apply(Conn& c, uint32_t slot, int d, Step step) {
-    if (step.moved > 0) addBytes(c, d, step.moved);
+    bool promote = false;
+    if (step.moved > 0) {
+        addBytes(c, d, step.moved);
+        promote = Paths::observe(c.paths, d, step.moved);
+    }
     if (step.active) c.last_active_ms = now_ms_;
     if (step.starved)
         starved_.push_back(UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
     switch (step.kind) {
         case Step::Wait:
+            if (promote) promoteToSockmap(c, slot);
             return;
         case Step::Finished:
             finishDirection(c, slot, d);
@@ -399,6 +404,20 @@ void Connections::apply(Conn& c, uint32_t slot, int d, Step step) {
         case Step::Broken:
             resetBroken(c, slot, step.on_src ? d : 1 - d);
             return;
+    }
+}
+
+void Connections::promoteToSockmap(Conn& c, uint32_t slot) {
+    if (c.ending || c.dir[0].finished || c.dir[1].finished) return;
+    const ListenerConfig& lc = listenerConfig(c);
+    unsigned replaced = paths_.promote(PromoteRequest{slot, lc.pipe_size, c.fd, c.proxy_in,
+                                                      c.proxy_out, lstats(c), lc.auto_sockmap_max},
+                                       c.paths, c.dir[0].pump, c.dir[1].pump, pumps_.pipes);
+    for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
+        if ((replaced & (1u << d)) == 0) continue;
+        PumpPort p = port(c, slot, d);
+        apply(c, slot, d,
+              std::visit([&](auto& pump) { return pump.start(p, pumps_); }, c.dir[d].pump));
     }
 }
 
@@ -584,7 +603,9 @@ void Connections::logConnection(Conn& c, uint32_t slot, CloseReason reason) {
     }
     r.reason = reason;
     r.attempts = c.attempts;
-    if (c.state == ConnState::Relaying) copyField(r.path, label(c.dir[0].path()));
+    // A promoted connection (mode auto) names both paths, in the order it used them.
+    if (c.state == ConnState::Relaying)
+        copyField(r.path, c.paths.promoted ? "splice>sockmap" : label(c.dir[0].path()));
     process_.access_log->push(id_, r);
 }
 

@@ -93,6 +93,9 @@ class Connections final : public Acceptor::Host {
     // A pump's verdict: bytes, finish, failure, fallback.
     void apply(Conn& c, uint32_t slot, int d, Step step);
     void addBytes(Conn& c, int d, uint64_t n);
+    // mode auto: the connection turned interactive (Paths::observe); moves it to sockmap if
+    // the path table can now, and starts the pumps it replaced.
+    void promoteToSockmap(Conn& c, uint32_t slot);
     void finishDirection(Conn& c, uint32_t slot, int d);
     void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
     // Relaying: the half-close timeouts and max_connection_duration; true if c was closed.

@@ -43,8 +43,13 @@ namespace zcrelay {
       "Clients closed because of their PROXY header, by reason "                                   \
       "(accept_proxy listeners).")                                                                 \
     X(DatapathInfo, "zcrelay_datapath_info", Gauge, ("listener", "mode"),                          \
-      "The data path each listener runs (mode sockmap runs as splice where the "                   \
-      "BPF program cannot load); the value is always 1.")                                          \
+      "The data path each listener runs (mode sockmap and auto run as splice where "               \
+      "the BPF program cannot load); the value is always 1.")                                      \
+    X(DatapathSwitches, "zcrelay_datapath_switches_total", Counter,                                \
+      ("listener", "from", "to", "reason"),                                                        \
+      "Directions of live connections that changed data path, by reason: interactive "             \
+      "(mode auto promoted a request/response connection from splice to sockmap, or to copy "      \
+      "one way where the kernel took only the client's socket).")                                  \
     X(SockmapConnections, "zcrelay_sockmap_connections_total", Counter, ("listener"),              \
       "Connections whose sockets entered the sockmap (the kernel "                                 \
       "redirects their bytes).")                                                                   \
@@ -200,7 +205,7 @@ namespace zcrelay {
 enum class MetricKind : uint8_t { Counter, Gauge, Histogram };
 
 // At most this many labels per series (zcrelay_bytes_total, a backend's by-reason counters).
-inline constexpr size_t kMaxMetricLabels = 3;
+inline constexpr size_t kMaxMetricLabels = 4;
 
 struct MetricSpec {
     std::string_view name;

@@ -278,6 +278,20 @@ class Collector : public prometheus::Collectable {
                     f.add({name, modeName(l.config.mode)}, 1);
                 });
                 return true;
+            case Metric::DatapathSwitches:
+                perListener(s, [&](auto&, auto& name, auto& st) {
+                    for (size_t r = 0; r < idx(SwitchReason::kCount); ++r) {
+                        DataPath from = switchedFrom(static_cast<SwitchReason>(r));
+                        for (size_t p = 0; p < kDataPathLabels.size(); ++p) {
+                            if (p == idx(from)) continue;
+                            f.add({name, label(from), kDataPathLabels[p], kSwitchReasonLabels[r]},
+                                  sumOf(st, [p, r](const LS& x) {
+                                      return x.path_switches[p][r].get();
+                                  }));
+                        }
+                    }
+                });
+                return true;
             case Metric::SockmapConnections:
                 perListener(s, [&](auto&, auto& name, auto& st) {
                     f.add({name},

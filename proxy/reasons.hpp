@@ -47,6 +47,10 @@ namespace zcrelay {
     X(NoRecord, "no_record")             /* the slot has no counter record (maps full) */   \
     X(PartlyRead, "partly_read")         /* a segment the relay read in part is queued */
 
+// Why a direction of a live connection changed its data path (zcrelay_datapath_switches_total).
+#define ZCRELAY_SWITCH_REASONS(X) \
+    X(Interactive, "interactive") /* mode auto: request/response seen, splice -> sockmap */
+
 // Why inspecting a client's first bytes for a route found no condition to match on, or no
 // route whose condition held; the default route, if any, then takes the client.
 #define ZCRELAY_INSPECT_FAILURES(X)                                                           \
@@ -73,6 +77,7 @@ enum class CloseReason : uint8_t { ZCRELAY_CLOSE_REASONS(ZCRELAY_ENUM_ITEM) kCou
 enum class ConnectFailure : uint8_t { ZCRELAY_CONNECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
 enum class PipeFallback : uint8_t { ZCRELAY_PIPE_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
 enum class SockmapFallback : uint8_t { ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_ENUM_ITEM) kCount };
+enum class SwitchReason : uint8_t { ZCRELAY_SWITCH_REASONS(ZCRELAY_ENUM_ITEM) kCount };
 enum class InspectFailure : uint8_t { ZCRELAY_INSPECT_FAILURES(ZCRELAY_ENUM_ITEM) kCount };
 enum class ZerocopySend : uint8_t { ZCRELAY_ZEROCOPY_SENDS(ZCRELAY_ENUM_ITEM) kCount };
 
@@ -84,6 +89,8 @@ inline constexpr std::array<std::string_view, static_cast<size_t>(PipeFallback::
     kPipeFallbackLabels{ZCRELAY_PIPE_FALLBACKS(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(SockmapFallback::kCount)>
     kSockmapFallbackLabels{ZCRELAY_SOCKMAP_FALLBACKS(ZCRELAY_LABEL_ITEM)};
+inline constexpr std::array<std::string_view, static_cast<size_t>(SwitchReason::kCount)>
+    kSwitchReasonLabels{ZCRELAY_SWITCH_REASONS(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(InspectFailure::kCount)>
     kInspectFailureLabels{ZCRELAY_INSPECT_FAILURES(ZCRELAY_LABEL_ITEM)};
 inline constexpr std::array<std::string_view, static_cast<size_t>(ZerocopySend::kCount)>
@@ -98,6 +105,7 @@ inline std::string_view label(CloseReason r) { return kCloseReasonLabels[idx(r)]
 inline std::string_view label(ConnectFailure r) { return kConnectFailureLabels[idx(r)]; }
 inline std::string_view label(PipeFallback r) { return kPipeFallbackLabels[idx(r)]; }
 inline std::string_view label(SockmapFallback r) { return kSockmapFallbackLabels[idx(r)]; }
+inline std::string_view label(SwitchReason r) { return kSwitchReasonLabels[idx(r)]; }
 inline std::string_view label(InspectFailure r) { return kInspectFailureLabels[idx(r)]; }
 
 }  // namespace zcrelay

@@ -101,9 +101,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
              per_worker * cfg.workers);
 
     // One copy of the BPF program for the process; each worker owns two records per slot.
-    bool want_sockmap =
-        std::any_of(cfg.listeners.begin(), cfg.listeners.end(),
-                    [](const ListenerConfig& l) { return l.mode == Mode::Sockmap; });
+    bool want_sockmap = std::any_of(cfg.listeners.begin(), cfg.listeners.end(),
+                                    [](const ListenerConfig& l) { return usesSockmap(l.mode); });
     if (want_sockmap) {
         uint64_t records =
             std::min<uint64_t>(uint64_t{2} * per_worker * cfg.workers, kMaxSockmapRecords);
@@ -117,9 +116,9 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             // The same bytes still get relayed, by the default path; the metric
             // zcrelay_datapath_info says which path runs.
             for (ListenerConfig& l : cfg.listeners) {
-                if (l.mode != Mode::Sockmap) continue;
-                LOG_WARN("listener %s: mode sockmap unavailable (%s); running splice",
-                         l.name.c_str(), loaded.error().c_str());
+                if (!usesSockmap(l.mode)) continue;
+                LOG_WARN("listener %s: mode %s unavailable (%s); running splice", l.name.c_str(),
+                         std::string(modeName(l.mode)).c_str(), loaded.error().c_str());
                 l.mode = Mode::Splice;
             }
         }
@@ -262,10 +261,12 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     config.metrics = old.metrics;
     config.access_log = old.access_log;
     for (ListenerConfig& l : config.listeners) {
-        if (l.mode == Mode::Sockmap && !sockmap_) {
+        if (usesSockmap(l.mode) && !sockmap_) {
             // The program is loaded at start only (workers own record ranges in its maps).
-            LOG_WARN("reload: listener %s: mode sockmap needs it at start; running splice",
-                     l.name.c_str());
+            LOG_WARN(
+                "reload: listener %s: mode %s needs the sockmap program at start; running "
+                "splice",
+                l.name.c_str(), std::string(modeName(l.mode)).c_str());
             l.mode = Mode::Splice;
         }
     }

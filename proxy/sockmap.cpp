@@ -88,7 +88,8 @@ Sockmap::~Sockmap() {
     if (skel_) relay_bpf::destroy(skel_);
 }
 
-Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index, uint64_t limit) {
+Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index, uint64_t limit,
+                           uint64_t sent_before) {
     // No verdict runs for this record until the socket is inserted, after the update below.
     zcr_sock_stats& r = records_[index];
     storeRelaxed(r.redirected, __u64{0});
@@ -96,6 +97,7 @@ Result<void> Sockmap::link(uint64_t cookie, uint64_t peer_cookie, uint32_t index
     storeRelaxed(r.consumed, __u64{0});
     storeRelaxed(r.limit, __u64{limit});
     storeRelaxed(r.replayed, __u64{0});
+    storeRelaxed(r.sent_before, __u64{sent_before});
     storeRelaxed(r.skip_head, __u32{0});
     storeRelaxed(r.skip_tail, __u32{0});
     storeRelaxed(r.next_seq, __u32{0});

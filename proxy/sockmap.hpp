@@ -38,9 +38,11 @@ class Sockmap {
     uint32_t capacity() const { return capacity_; }
 
     // Record `index` starts from zero and the socket `cookie` will redirect to `peer_cookie`,
-    // with at most `limit` bytes in flight towards it (relay_shared.h). Must precede insert():
-    // the program finds its way through this entry.
-    Result<void> link(uint64_t cookie, uint64_t peer_cookie, uint32_t index, uint64_t limit);
+    // with at most `limit` bytes in flight towards it, of which user space wrote `sent_before`
+    // itself (relay_shared.h). Must precede insert(): the program finds its way through this
+    // entry.
+    Result<void> link(uint64_t cookie, uint64_t peer_cookie, uint32_t index, uint64_t limit,
+                      uint64_t sent_before);
     // Puts the socket in the SOCKHASH. From here on every skb it receives runs the verdict.
     // Fails with EOPNOTSUPP unless the socket is ESTABLISHED (e.g. the peer already sent FIN).
     Result<void> insert(int fd, uint64_t cookie);

@@ -73,6 +73,11 @@ struct ListenerStats {
     StatCounter sockmap_copied;    // bytes the program passed and user space moved
     StatCounter sockmap_replays;   // skbs the verdict saw again (relay.bpf.c)
     StatCounter sockmap_skipped;   // bytes of those that user space dropped
+    // Directions that changed path while live: [the path they moved to][why]. The path they
+    // came from follows from the reason (SwitchReason).
+    std::array<std::array<StatCounter, idx(SwitchReason::kCount)>, idx(DataPath::kCount)>
+        path_switches;
+    StatCounter sockmap_promoted;  // gauge: mode auto connections this worker moved to sockmap
     std::array<StatCounter, idx(ProxyFailure::kCount)> proxy_errors;
     // routes: inspections that matched no conditional route, and how long each took.
     std::array<StatCounter, idx(InspectFailure::kCount)> inspect_failures;

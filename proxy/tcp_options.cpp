@@ -22,7 +22,7 @@ void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& ke
     // the copy buffer), and the relay sends them itself when POLLOUT comes.
     // Not for sockmap: there the kernel's psock worker is the sender, and a socket that reports
     // full makes it back off and retry (10 x 10 MiB fell from ~1,500 to ~1,000 MB/s).
-    if (lc.notsent_lowat > 0 && lc.mode != Mode::Sockmap) {
+    if (lc.notsent_lowat > 0 && lc.mode != Mode::Sockmap) {  // auto: unset at promotion
         int lowat = static_cast<int>(lc.notsent_lowat);
         ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat, sizeof lowat);
     }
@@ -46,6 +46,11 @@ void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& ke
         unsigned ms = static_cast<unsigned>(keepalive.user_timeout.count());
         ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
     }
+}
+
+void leaveSendingToTheKernel(int fd) {
+    int unset = 0;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &unset, sizeof unset);
 }
 
 void acknowledgeNow(int fd) {

@@ -1,6 +1,7 @@
 #pragma once
-// The TCP options a listener sets on both sockets of every connection it relays, and the ACK
-// a connection sends at once for a FIN it read.
+// The TCP options a listener sets on both sockets of every connection it relays, what a
+// connection moved to the kernel path unsets, and the ACK a connection sends at once for a FIN
+// it read.
 #include "config.hpp"
 
 namespace zcrelay {
@@ -10,6 +11,11 @@ namespace zcrelay {
 // upstream one) on `fd`. Failures are ignored: they only tune, and the connection works
 // without them.
 void applyTcpOptions(int fd, const ListenerConfig& lc, const KeepaliveConfig& keepalive);
+
+// A connection promoted to sockmap (mode auto): the kernel's psock worker sends from now on,
+// and TCP_NOTSENT_LOWAT, which splice relies on, would make it back off and retry (see
+// applyTcpOptions). 0 hands the socket back to the sysctl's mark (unlimited by default).
+void leaveSendingToTheKernel(int fd);
 
 // Sends the ACK the kernel holds back for what `fd` received, its FIN included (TCP_QUICKACK).
 // A FIN puts the receiving socket in delayed-ACK ("pingpong") mode, on the bet that the

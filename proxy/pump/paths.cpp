@@ -10,42 +10,66 @@ namespace zcrelay {
 Paths::Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats)
     : ring_(ring), sockmap_(sockmap), base_(base), max_conns_(max_conns), stats_(stats) {}
 
+namespace {
+
+// The in-flight bound per direction (the psock's backlog plus the peer's send queue): four
+// pipes' worth, comparable to what splice has the kernel hold for a direction (one pipe plus
+// the socket buffers). pipe_size is the one knob for both.
+uint64_t inFlightLimit(uint64_t pipe_size) { return std::max<uint64_t>(4 * pipe_size, 64 * 1024); }
+
+// mode auto: the largest turn that still counts as a message, and how many such turns in a row
+// make a connection interactive (two round trips). A turn is measured in what the splice pump
+// moved, which for a 64 B ping-pong is one splice per turn; 16 KiB is the most one kick of
+// splice's small-read rule takes, and past it a turn is bulk, where splice is as fast.
+constexpr uint64_t kAutoSmallTurn = 16 * 1024;
+constexpr uint8_t kAutoTurns = 4;
+
+}  // namespace
+
+void Paths::enter(PathState& state, const PairSetUp& s, ListenerStats& counts) {
+    for (int i = 0; i < 2; ++i)
+        if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
+    if (state.sockmap.any()) {
+        if (holders_++ == 0) armScan();
+        counts.sockmap_connections.add();
+    }
+    if (s.fell_back) counts.sockmap_fallbacks[idx(s.reason)].add();
+}
+
 void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down) {
     DataPath path[2] = {DataPath::Splice, DataPath::Splice};
-    if (r.mode == DataPath::Copy) path[0] = path[1] = DataPath::Copy;
+    if (r.mode == Mode::Copy) path[0] = path[1] = DataPath::Copy;
     // The sockmap program relays TCP sockets only; a unix backend runs splice.
-    if (r.mode == DataPath::Sockmap && sockmap_ != nullptr && !r.unix_backend) {
+    bool kernel_path = sockmap_ != nullptr && !r.unix_backend;
+    if (r.mode == Mode::Sockmap && kernel_path) {
         PairSetUp s;
         if (r.partly_read) {
             s.fell_back = true;
             s.reason = SockmapFallback::PartlyRead;
             s.path[0] = s.path[1] = DataPath::Splice;
         } else if (r.slot < max_conns_) {
-            // In flight per direction (the psock's backlog plus the peer's send queue): four
-            // pipes' worth, comparable to what splice has the kernel hold for a direction (one
-            // pipe plus the socket buffers). pipe_size is the one knob for both.
-            uint64_t limit = std::max<uint64_t>(4 * r.pipe_size, 64 * 1024);
-            s = setUpPair(*sockmap_, state.sockmap, r.fd, base_ + 2 * r.slot, limit);
+            // What went to the upstream before the sockets entered the map: proxy_out counts
+            // the PROXY header sent and the early bytes (HelloReader::forward).
+            const uint64_t sent_before[2] = {r.proxy_out, 0};
+            s = setUpPair(*sockmap_, state.sockmap, r.fd, base_ + 2 * r.slot,
+                          inFlightLimit(r.pipe_size), sent_before);
         } else {
             // Slots stay below max_conns (the fd budget bounds live connections); defensive.
             s.fell_back = true;
             s.reason = SockmapFallback::NoRecord;
             s.path[0] = s.path[1] = DataPath::Splice;
         }
-        for (int i = 0; i < 2; ++i)
-            if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
-        if (state.sockmap.any()) {
-            if (holders_++ == 0) armScan();
-            r.counts.sockmap_connections.add();
-        }
-        if (s.fell_back) {
-            r.counts.sockmap_fallbacks[idx(s.reason)].add();
+        enter(state, s, r.counts);
+        if (s.fell_back)
             LOG_DEBUG("%s: sockmap fallback %s", r.listener.c_str(),
                       std::string(label(s.reason)).c_str());
-        }
         path[0] = s.path[0];
         path[1] = s.path[1];
     }
+    // mode auto: splice first. A segment read in part cannot enter the map (see
+    // wantsQueueSentFirst), so such a connection is never promoted.
+    state.watch.on = r.mode == Mode::Auto && kernel_path && !r.partly_read && r.slot < max_conns_ &&
+                     r.auto_max > 0;
     Pump* pumps[2] = {&up, &down};
     for (int d = 0; d < 2; ++d) {
         switch (path[d]) {
@@ -58,7 +82,8 @@ void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down)
             case DataPath::Sockmap:
                 // The PROXY headers taken and sent are bytes of direction 0's sockets.
                 pumps[d]->emplace<SockmapPump>(state.sockmap.record, static_cast<uint8_t>(d),
-                                               d == 0 ? r.proxy_in : 0, d == 0 ? r.proxy_out : 0);
+                                               d == 0 ? r.proxy_in : 0, d == 0 ? r.proxy_out : 0,
+                                               d == 0 ? r.proxy_out : 0);
                 break;
             case DataPath::kCount:  // not a path: the table's size
                 break;
@@ -67,6 +92,76 @@ void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down)
     // The early bytes went out by copy before the sockets entered the map: the sockmap
     // direction counts them as copied.
     if (r.early > 0 && path[0] == DataPath::Sockmap) r.counts.sockmap_copied.add(r.early);
+}
+
+bool Paths::observe(PathState& state, int d, uint64_t n) {
+    AutoWatch& w = state.watch;
+    if (!w.on) return false;
+    if (d != w.last) {
+        // The other side speaks: the turn before this one is over.
+        if (w.last >= 0) w.turns = w.turn_bytes <= kAutoSmallTurn ? w.turns + 1 : 0;
+        w.last = static_cast<int8_t>(d);
+        w.turn_bytes = 0;
+    }
+    w.turn_bytes += n;
+    if (w.turn_bytes > kAutoSmallTurn) w.turns = 0;
+    return w.turns >= kAutoTurns;
+}
+
+unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pump& down,
+                        PipePool& pipes) {
+    Pump* pumps[2] = {&up, &down};
+    for (Pump* pump : pumps) {
+        auto* splice = std::get_if<SplicePump>(pump);
+        if (splice == nullptr || !splice->betweenReads()) return 0;
+    }
+    if (r.counts.sockmap_promoted.get() >= r.auto_max) {
+        // No room: look again after as many turns (a promoted connection may have closed).
+        state.watch.turns = 0;
+        return 0;
+    }
+    state.watch.on = false;
+    SourceWatch watch[2];
+    for (int d = 0; d < 2; ++d) {
+        auto& splice = std::get<SplicePump>(*pumps[d]);
+        watch[d] = splice.watch();
+        splice.releaseIdle(pipes);
+    }
+    // Everything splice wrote (and a PROXY header before it) is in each destination's count,
+    // which the barriers and the in-flight bound compare with: taken from the kernel.
+    const uint64_t sent_before[2] = {queuedOn(r.fd[1]), queuedOn(r.fd[0])};
+    PairSetUp s = setUpPair(*sockmap_, state.sockmap, r.fd, base_ + 2 * r.slot,
+                            inFlightLimit(r.pipe_size), sent_before);
+    enter(state, s, r.counts);
+    unsigned replaced = 0;
+    for (int d = 0; d < 2; ++d) {
+        switch (s.path[d]) {
+            case DataPath::Splice:
+                break;  // the kernel would not take it: the splice pump goes on as it was
+            case DataPath::Copy:
+                // The client's socket went in and the upstream's did not: what the client
+                // sends is passed to user space, where only a read (not splice) finds it.
+                pumps[d]->emplace<CopyPump>(watch[d]);
+                replaced |= 1u << d;
+                break;
+            case DataPath::Sockmap:
+                pumps[d]->emplace<SockmapPump>(state.sockmap.record, static_cast<uint8_t>(d),
+                                               d == 0 ? r.proxy_in : 0, d == 0 ? r.proxy_out : 0,
+                                               sent_before[d], watch[d]);
+                replaced |= 1u << d;
+                break;
+            case DataPath::kCount:
+                break;
+        }
+        if (s.path[d] != DataPath::Splice)
+            r.counts.path_switches[idx(s.path[d])][idx(SwitchReason::Interactive)].add();
+    }
+    if (state.sockmap.any()) {
+        state.promoted = true;
+        r.counts.sockmap_promoted.add();
+        for (int fd : r.fd) leaveSendingToTheKernel(fd);
+    }
+    return replaced;
 }
 
 Step Paths::fallBack(Pump& pump, const PumpPort& p, PumpEnv& env, PipeFallback why) {
@@ -99,6 +194,7 @@ void Paths::tearDown(PathState& state, ListenerStats& counts) {
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
     tearDownPair(*sockmap_, state.sockmap);
     --holders_;
+    if (state.promoted) counts.sockmap_promoted.sub();
 }
 
 }  // namespace zcrelay

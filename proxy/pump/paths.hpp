@@ -27,26 +27,50 @@ static_assert(std::is_same_v<std::variant_alternative_t<idx(DataPath::Copy), Pum
 static_assert(
     std::is_same_v<std::variant_alternative_t<idx(DataPath::Sockmap), Pump>, SockmapPump>);
 
+// mode auto: whom a connection on splice hears from. A turn is the bytes one direction moves
+// until the other moves some; a connection whose last kAutoTurns turns were each at most
+// kAutoSmallTurn bytes talks request/response, and is promoted to sockmap.
+struct AutoWatch {
+    bool on = false;          // the connection may still be promoted
+    int8_t last = -1;         // the direction that moved bytes last
+    uint8_t turns = 0;        // small turns in a row, the current one not counted
+    uint64_t turn_bytes = 0;  // bytes of the current turn
+};
+
 // What a connection's paths hold in the kernel beyond their pumps, for as long as it relays.
 struct PathState {
-    SockmapPair sockmap;  // the sockets' entries in the sockmap, if any
+    SockmapPair sockmap;    // the sockets' entries in the sockmap, if any
+    AutoWatch watch;        // mode auto, while on splice
+    bool promoted = false;  // mode auto: moved from splice to sockmap (once, for good)
 
     bool any() const { return sockmap.any(); }
 };
 
 // What the lifecycle knows of a connection when it starts relaying.
 struct PathRequest {
-    DataPath mode;          // the listener's
-    bool unix_backend;      // the backend is a unix socket
-    bool partly_read;       // the client's queue starts with a segment read in part
-    uint32_t slot;          // the connection's slot in the worker
-    uint64_t pipe_size;     // the listener's
-    const int (&fd)[2];     // [0] client, [1] upstream
-    uint32_t proxy_in;      // PROXY header bytes read from the client (outside the data path)
-    uint32_t proxy_out;     // PROXY header bytes sent upstream (outside it)
-    uint32_t early;         // client bytes sent on before the start (forwardEarly)
-    ListenerStats& counts;  // the listener's counters
+    Mode mode;                    // the listener's
+    bool unix_backend;            // the backend is a unix socket
+    bool partly_read;             // the client's queue starts with a segment read in part
+    uint32_t slot;                // the connection's slot in the worker
+    uint64_t pipe_size;           // the listener's
+    const int (&fd)[2];           // [0] client, [1] upstream
+    uint32_t proxy_in;            // PROXY header bytes read from the client (outside the data path)
+    uint32_t proxy_out;           // PROXY header bytes sent upstream (outside it)
+    uint32_t early;               // client bytes sent on before the start (forwardEarly)
+    ListenerStats& counts;        // the listener's counters
     const std::string& listener;  // its name, for the log
+    unsigned auto_max;            // the listener's auto_sockmap_max
+};
+
+// What the lifecycle knows of a connection on splice that turned interactive (mode auto).
+struct PromoteRequest {
+    uint32_t slot;
+    uint64_t pipe_size;
+    const int (&fd)[2];
+    uint32_t proxy_in;
+    uint32_t proxy_out;
+    ListenerStats& counts;
+    unsigned auto_max;
 };
 
 class Paths {
@@ -65,14 +89,26 @@ class Paths {
     // and sni_proxy_header_test.cpp). Sent on before the sockets enter the map, they cost a
     // peek, a send and a read; a send the upstream cut short leaves a read segment queued
     // again (PathRequest::partly_read), and that connection runs splice.
-    bool wantsQueueSentFirst(DataPath mode) const {
-        return mode == DataPath::Sockmap && sockmap_ != nullptr;
+    bool wantsQueueSentFirst(Mode mode) const {
+        return mode == Mode::Sockmap && sockmap_ != nullptr;
     }
     // Sets up `state` for the paths the listener's mode asks for and the kernel grants, and puts
     // each direction's pump in place, not started: `up` client -> upstream, `down` the other.
     void choose(const PathRequest& r, PathState& state, Pump& up, Pump& down);
     // A pump answered Step::ToCopy: `pump` becomes a copy pump, started on `p`.
     Step fallBack(Pump& pump, const PumpPort& p, PumpEnv& env, PipeFallback why);
+
+    // mode auto, after direction `d` of a connection on splice moved `n` bytes: whether it has
+    // shown the request/response pattern (AutoWatch) and should be promoted.
+    static bool observe(PathState& state, int d, uint64_t n);
+    // Moves a connection that observe() picked from splice to sockmap, if the listener has room
+    // (auto_sockmap_max per worker) and both splice pumps are between reads: nothing in their
+    // pipes, no FIN seen. The sockets enter the maps as a new connection's do (setUpPair: what
+    // arrived meanwhile is passed and moved first, and what splice wrote counts as written
+    // before), and the pumps are replaced, not started. Returns a bit per direction whose pump
+    // was replaced: 0 when the connection stays on splice (asked again after more turns).
+    unsigned promote(const PromoteRequest& r, PathState& state, Pump& up, Pump& down,
+                     PipePool& pipes);
 
     // The scan's timer (Op::PathScan): armed while some connection holds state, every 10 ms.
     // The sockmap program never wakes user space: passed bytes are found by reading the
@@ -89,6 +125,9 @@ class Paths {
     void tearDown(PathState& state, ListenerStats& counts);
 
   private:
+    // Counts what a setUpPair() put in the kernel, and starts the scan for its first holder.
+    void enter(PathState& state, const PairSetUp& s, ListenerStats& counts);
+
     Ring& ring_;
     Sockmap* const sockmap_;
     const uint32_t base_;

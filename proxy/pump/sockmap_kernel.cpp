@@ -36,7 +36,7 @@ int peek(int fd) {
 }  // namespace
 
 PairSetUp setUpPair(Sockmap& map, SockmapPair& c, const int (&fd)[2], uint32_t index_base,
-                    uint64_t limit) {
+                    uint64_t limit, const uint64_t (&sent_before)[2]) {
     PairSetUp out;
     auto fallBack = [&](SockmapFallback why, DataPath p0, DataPath p1) {
         out.fell_back = true;
@@ -59,7 +59,7 @@ PairSetUp setUpPair(Sockmap& map, SockmapPair& c, const int (&fd)[2], uint32_t i
     }
     c.record = index_base;
     for (int i = 0; i < 2; ++i) {
-        if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i, limit)) {
+        if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i, limit, sent_before[i])) {
             tearDownPair(map, c);
             return fallBack(SockmapFallback::InsertFailed, DataPath::Splice, DataPath::Splice);
         }
@@ -115,6 +115,12 @@ SockmapEof checkEof(int src, bool src_write_shut) {
     if (n == -EAGAIN || n == -EINTR) return {SockmapEof::Again, 0};
     if (n == -EPIPE && src_write_shut) return {SockmapEof::Eof, 0};
     return {SockmapEof::Failed, -n};
+}
+
+uint64_t queuedOn(int fd) {
+    tcp_info out{};
+    if (!tcpInfo(fd, out)) return 0;
+    return out.tcpi_bytes_sent - out.tcpi_bytes_retrans + out.tcpi_notsent_bytes;
 }
 
 SockmapBarrier checkQueued(int dst, uint64_t bytes) {

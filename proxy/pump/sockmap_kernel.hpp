@@ -63,10 +63,12 @@ struct PairSetUp {
 
 // Links and inserts the sockets fd[0] (client) and fd[1] (upstream) (records index_base,
 // index_base + 1, each allowing `limit` bytes in flight) and says each direction's path:
-// Sockmap, or Splice/Copy where the kernel would not take it. Every socket it linked is marked
-// in pair.linked / pair.in_map and must go through tearDownPair() before close().
+// Sockmap, or Splice/Copy where the kernel would not take it. `sent_before[d]`: bytes user
+// space already wrote on direction d's destination (fd[1 - d]): a PROXY header, early bytes,
+// or everything a connection promoted from splice moved before. Every socket it linked is
+// marked in pair.linked / pair.in_map and must go through tearDownPair() before close().
 PairSetUp setUpPair(Sockmap& map, SockmapPair& pair, const int (&fd)[2], uint32_t index_base,
-                    uint64_t limit);
+                    uint64_t limit, const uint64_t (&sent_before)[2] = {0, 0});
 
 // Takes the pair's sockets out of the maps. Idempotent.
 void tearDownPair(Sockmap& map, SockmapPair& pair);
@@ -102,6 +104,8 @@ struct SockmapBarrier {
     uint64_t remaining = 0;  // Wait: bytes not queued on dst yet
 };
 
+// What `fd` has queued so far: bytes sent - retransmitted + not yet sent (0 if TCP_INFO fails).
+uint64_t queuedOn(int fd);
 // Whether dst has queued (sent - retransmitted + not yet sent) at least `bytes`. One
 // getsockopt(TCP_INFO); a reset dst fails at once rather than waiting for the idle timeout.
 SockmapBarrier checkQueued(int dst, uint64_t bytes);

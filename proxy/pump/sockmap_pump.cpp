@@ -188,7 +188,7 @@ void SockmapPump::catchUp(const PumpPort& p, PumpEnv& env, Step& out) {
     // redirected count is final: once dst has queued all of it (and what we copied before),
     // the passed bytes go next, by copy.
     uint64_t expected =
-        loadRelaxed(env.sockmap->record(record()).redirected) + copied_ + dst_extra_;
+        loadRelaxed(env.sockmap->record(record()).redirected) + copied_ + dst_before_;
     if (!barrierDone(p, checkQueued(p.dst, expected), out)) return;
     phase_ = Phase::Copying;
     advanceCopy(p, env, out);
@@ -239,7 +239,7 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     // does (the redirected count is final once stopped).
     const SockmapBarrier b =
         p.ending ? checkQueued(p.dst, loadRelaxed(env.sockmap->record(record()).redirected) +
-                                          copied_ + dst_extra_)
+                                          copied_ + dst_before_)
                  : checkFinBarrier(p.src, p.dst, src_skipped_, dst_extra_);
     if (!barrierDone(p, b, out)) return;
     out.moved += fold(*env.sockmap);

@@ -34,11 +34,21 @@ namespace zcrelay {
 class SockmapPump {
   public:
     // `pair_record`: the record of the connection's client socket (SockmapPair::record);
-    // `dir`: which socket is src. `src_skipped`: bytes read from src outside the data path (a
-    // PROXY header taken), `dst_extra`: bytes written to dst outside it (a PROXY header sent),
-    // both part of the kernel's counts the barriers compare.
-    SockmapPump(uint32_t pair_record, uint8_t dir, uint32_t src_skipped, uint32_t dst_extra)
-        : pair_record_(pair_record), dir_(dir), src_skipped_(src_skipped), dst_extra_(dst_extra) {}
+    // `dir`: which socket is src. `src_skipped`: bytes read from src and never sent (a PROXY
+    // header taken), `dst_extra`: bytes written to dst outside the data path (a PROXY header
+    // sent, and the early bytes sent on with it), both part of the kernel's counts the FIN
+    // barrier compares. `dst_before`: every byte written to dst before this pump started, which
+    // dst's count holds before the first redirected byte: dst_extra, or for a connection
+    // promoted from splice (mode auto), all that splice moved too.
+    // `carried`: the watch on src of the pump this one replaces, if any (one poll per socket).
+    SockmapPump(uint32_t pair_record, uint8_t dir, uint32_t src_skipped, uint32_t dst_extra,
+                uint64_t dst_before, const SourceWatch& carried = {})
+        : copy_(carried),
+          pair_record_(pair_record),
+          dir_(dir),
+          src_skipped_(src_skipped),
+          dst_extra_(dst_extra),
+          dst_before_(dst_before) {}
 
     Step start(const PumpPort& p, PumpEnv& env);
     // Watch, Barrier, and the copy's Recv, Send and PollOut completions.
@@ -96,8 +106,9 @@ class SockmapPump {
     uint8_t barrier_step_ = 0;    // how many times it waited in a row (the back-off)
     uint32_t src_skipped_;
     uint32_t dst_extra_;
-    uint64_t seen_ = 0;          // record.redirected already folded into the byte counts
-    uint64_t taken_ = 0;         // passed bytes received by user space
+    uint64_t dst_before_;
+    uint64_t seen_ = 0;   // record.redirected already folded into the byte counts
+    uint64_t taken_ = 0;  // passed bytes received by user space
     // record.passed when the program stopped redirecting (stopIfEnding): what it passes after
     // that is what the peer sent past max_connection_duration, which stays unread.
     uint64_t end_passed_ = UINT64_MAX;

@@ -60,6 +60,12 @@ class SplicePump {
     // A direction that falls back to copy keeps its watch on src (one poll per socket).
     const SourceWatch& watch() const { return watch_; }
 
+    // Nothing in the pipe, no write waiting, no FIN seen: the direction only waits for src
+    // (mode auto promotes a connection only then).
+    bool betweenReads() const {
+        return in_pipe_ == 0 && !eof_ && !done_ && !poll_out_ && !watch_.hup;
+    }
+
     uint32_t inPipe() const { return in_pipe_; }
     const Pipe& pipe() const { return pipe_; }
 

@@ -1,5 +1,5 @@
 // The published method: netcat-openbsd on both ends of zcrelay, a 64 MiB file through it, and the
-// client nc must finish on its own (FIN propagated end to end). Both data paths.
+// client nc must finish on its own (FIN propagated end to end). Every mode.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "integration/auto_mode_fixture.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 
@@ -59,23 +60,6 @@ uint16_t freeLoopbackPort() {
     return l.port;
 }
 
-// Whether 127.0.0.1:port is in LISTEN state, from /proc/net/tcp. Probing with connect() would
-// use up nc's single accept, so look instead.
-bool isListening(uint16_t port) {
-    std::ifstream in("/proc/net/tcp");
-    std::string line;
-    std::getline(in, line);  // header
-    char want[16];
-    std::snprintf(want, sizeof want, ":%04X", port);
-    while (std::getline(in, line)) {
-        std::istringstream ls(line);
-        std::string slot, local, remote, state;
-        ls >> slot >> local >> remote >> state;
-        if (local == std::string("0100007F") + want && state == "0A") return true;
-    }
-    return false;
-}
-
 class NcTest : public ::testing::TestWithParam<std::string> {
   protected:
     void SetUp() override {
@@ -107,7 +91,7 @@ class NcTest : public ::testing::TestWithParam<std::string> {
         o.stderr_path = dir_.file("upstream-nc.err");
         std::string error;
         ASSERT_TRUE(nc.spawn(o, error)) << error;
-        ASSERT_TRUE(waitUntil([&] { return isListening(port); }, Millis{5'000}))
+        ASSERT_TRUE(waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000}))
             << "upstream nc never listened on 127.0.0.1:" << port
             << "; stderr: " << readFileText(o.stderr_path);
     }
@@ -131,6 +115,14 @@ class NcTest : public ::testing::TestWithParam<std::string> {
         EXPECT_TRUE(status->cleanExit())
             << what << ": client nc " << status->describe()
             << "; stderr: " << readFileText(dir_.file("client-nc.err"));
+    }
+
+    // mode auto: the file is one long turn, never promoted, so at most 5 % of it (in fact
+    // nothing) moves through user memory.
+    void expectAutoKeepsItInTheKernel() {
+        if (GetParam() != "auto") return;
+        auto_mode_test::PathBytes b = auto_mode_test::pathBytes(relay_);
+        EXPECT_TRUE(auto_mode_test::mostlyInTheKernel(b, static_cast<double>(kFileBytes)));
     }
 
     std::string nc_;
@@ -165,6 +157,7 @@ TEST_P(NcTest, FileSentByNcClientArrivesWholeAndClientExits) {
     EXPECT_EQ(digestFile(sink), src_digest_) << "the sink file must equal the source file";
     EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("upstream"),
                                      static_cast<double>(kFileBytes)));
+    expectAutoKeepsItInTheKernel();
 }
 
 TEST_P(NcTest, FileServedByNcUpstreamArrivesWholeAndClientExits) {
@@ -192,9 +185,10 @@ TEST_P(NcTest, FileServedByNcUpstreamArrivesWholeAndClientExits) {
     EXPECT_EQ(digestFile(out), src_digest_) << "the received file must equal the served file";
     EXPECT_TRUE(relay_.waitForMetric(metric::kBytesTotal, metric::bytes("downstream"),
                                      static_cast<double>(kFileBytes)));
+    expectAutoKeepsItInTheKernel();
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, NcTest, ::testing::Values("splice", "copy", "sockmap"),
+INSTANTIATE_TEST_SUITE_P(Modes, NcTest, ::testing::Values("splice", "copy", "sockmap", "auto"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
 
 }  // namespace

@@ -129,7 +129,7 @@ TEST_P(SockmapTest, PeerMissingPassesInsteadOfDropping) {
         conn.cookie[i] = *cookie;
     }
     for (int i = 0; i < 2; ++i) {
-        auto linked = map_->link(conn.cookie[i], conn.cookie[1 - i], i, kLimit);
+        auto linked = map_->link(conn.cookie[i], conn.cookie[1 - i], i, kLimit, 0);
         ASSERT_TRUE(linked.has_value()) << linked.error().message();
         conn.linked[i] = true;
     }

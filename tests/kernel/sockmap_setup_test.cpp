@@ -119,7 +119,7 @@ TEST_P(SockmapTest, BytesSentBeforeInsertionWaitWithoutTheKick) {
         c.cookie[i] = *cookie;
     }
     for (int i = 0; i < 2; ++i) {
-        auto linked = map_->link(c.cookie[i], c.cookie[1 - i], i, kLimit);
+        auto linked = map_->link(c.cookie[i], c.cookie[1 - i], i, kLimit, 0);
         ASSERT_TRUE(linked.has_value()) << linked.error().message();
         c.linked[i] = true;
     }

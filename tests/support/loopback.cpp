@@ -10,6 +10,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 namespace zcrelay::test {
@@ -687,6 +688,21 @@ size_t ScriptedUpstream::finished() const {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+bool listensOnLoopback4(uint16_t port) {
+    std::ifstream in("/proc/net/tcp");
+    std::string line;
+    std::getline(in, line);  // header
+    char want[16];
+    std::snprintf(want, sizeof want, ":%04X", port);
+    while (std::getline(in, line)) {
+        std::istringstream ls(line);
+        std::string slot, local, remote, state;
+        ls >> slot >> local >> remote >> state;
+        if (local == std::string("0100007F") + want && state == "0A") return true;
+    }
+    return false;
+}
 
 bool waitUntil(const std::function<bool()>& condition, Millis timeout, Millis interval) {
     auto deadline = Clock::now() + timeout;

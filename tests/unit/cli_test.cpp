@@ -109,9 +109,9 @@ TEST(ResolveConfig, FlagValuesGetTheYamlMessages) {
               "<command line>: --workers: expected a whole number, got \"x\"");
     EXPECT_EQ(cliErrorOf({"--workers", "0"}),
               "<command line>: --workers: \"0\" is out of range (1..256)");
-    EXPECT_EQ(
-        cliErrorOf({"--mode", "fast"}),
-        "<command line>: --mode: \"fast\" is not a mode; expected one of: splice, copy, sockmap");
+    EXPECT_EQ(cliErrorOf({"--mode", "fast"}),
+              "<command line>: --mode: \"fast\" is not a mode; expected one of: splice, copy, "
+              "sockmap, auto");
     EXPECT_EQ(cliErrorOf({"--listen", "localhost:80", "--upstream", "127.0.0.1:1"}),
               "<command line>: --listen: \"localhost\" is not a numeric IP address; names are not "
               "resolved");
@@ -131,9 +131,10 @@ TEST(ResolveConfig, FileErrorsKeepTheFileName) {
 
 TEST(UsageText, ListsEveryFlagAndTheDefaultConfig) {
     const std::string usage = usageText();
-    for (const char* flag : {"-c, --config FILE", "--check-config FILE", "--print-default-config",
-                             "--version", "-h, --help", "--listen ADDR", "--upstream ADDR",
-                             "--mode splice|copy|sockmap", "--workers N", "--metrics ADDR|off"}) {
+    for (const char* flag :
+         {"-c, --config FILE", "--check-config FILE", "--print-default-config", "--version",
+          "-h, --help", "--listen ADDR", "--upstream ADDR", "--mode splice|copy|sockmap|auto",
+          "--workers N", "--metrics ADDR|off"}) {
         EXPECT_NE(usage.find(flag), std::string::npos) << flag;
     }
     EXPECT_NE(usage.find("`zcrelay --print-default-config`"), std::string::npos);

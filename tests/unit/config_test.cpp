@@ -53,7 +53,8 @@ INSTANTIATE_TEST_SUITE_P(
             "unknown_key.yaml",
             "5:5: listeners[0].pipesize: unknown key; expected one of: name, listen, cluster, "
             "upstream, inspect_timeout, inspect_max_size, accept_proxy, proxy_timeout, "
-            "proxy_max_size, max_connections, max_connections_per_source, mode, pipe_size, "
+            "proxy_max_size, max_connections, max_connections_per_source, mode, auto_sockmap_max, "
+            "pipe_size, "
             "connect_timeout, idle_timeout, client_fin_timeout, server_fin_timeout, "
             "max_connection_duration, max_connection_duration_jitter, tcp_nodelay, "
             "notsent_lowat, send_zerocopy, tcp_keepalive, routes"},
@@ -75,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadFixture{"metrics_bad_address.yaml",
                    "3:11: metrics.listen: port 91000 is out of range (0..65535)"},
         BadFixture{"missing_upstream.yaml",
-                   "5:5: listeners[1]: missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)"},
+                   "5:5: listeners[1]: missing `cluster` (or `upstream`, a one-backend cluster, or "
+                   "`routes`)"},
         BadFixture{"empty_listeners.yaml",
                    "3:12: listeners: empty; at least one listener is needed"},
         BadFixture{"duplicate_listen.yaml",
@@ -85,7 +87,7 @@ INSTANTIATE_TEST_SUITE_P(
                    "5:11: listeners[1].name: \"listener0\" is already the name of listeners[0]"},
         BadFixture{"bad_mode.yaml",
                    "5:11: listeners[0].mode: \"zerocopy\" is not a mode; expected one of: splice, "
-                   "copy, sockmap"},
+                   "copy, sockmap, auto"},
         BadFixture{"empty.yaml",
                    "1:1: (document): empty; expected a map with at least `listeners`"},
         BadFixture{"not_a_map.yaml",
@@ -249,9 +251,9 @@ TEST(LoadConfig, BadNameAndMode) {
     EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    name: " + std::string(65, 'x') + "\n"),
               "t.yaml:4:11: listeners[0].name: \"" + std::string(65, 'x') +
                   "\" is not a valid name; use 1 to 64 of [A-Za-z0-9_.-]");
-    EXPECT_EQ(
-        errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
-        "t.yaml:4:11: listeners[0].mode: expected one of: splice, copy, sockmap, got a sequence");
+    EXPECT_EQ(errorOfYaml(std::string(kOneListener) + "    mode: [splice]\n"),
+              "t.yaml:4:11: listeners[0].mode: expected one of: splice, copy, sockmap, auto, got a "
+              "sequence");
 }
 
 TEST(LoadConfig, UnquotedIPv6GetsAHint) {
