@@ -33,6 +33,45 @@ struct {
 	__type(value, struct zcr_sock_stats);
 } zcr_stats SEC(".maps");
 
+/* Wake-ups for user space: one ring buffer per worker (sized and filled in by user space before
+ * the sockets come), into which the program writes a socket's record index when that socket
+ * needs the worker: it starts passing bytes, or its stream is marked broken. A worker polls its
+ * ring's fd and sleeps otherwise, so an idle connection costs it nothing. */
+struct zcr_wake_ring {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, ZCR_WAKE_RING_BYTES);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1); /* one per worker, sized by user space before load */
+	__type(key, __u32);
+	__array(values, struct zcr_wake_ring);
+} zcr_wake SEC(".maps");
+
+/* Wake-ups a full ring refused, per worker: the worker then looks at all its records. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} zcr_wake_lost SEC(".maps");
+
+/* Records per worker: record index / this = the worker whose ring is woken. Set before load. */
+const volatile __u32 zcr_records_per_worker = 1;
+
+static __always_inline void wake(__u32 index)
+{
+	__u32 worker = index / zcr_records_per_worker;
+	void *ring = bpf_map_lookup_elem(&zcr_wake, &worker);
+	if (ring && bpf_ringbuf_output(ring, &index, sizeof(index), 0) == 0)
+		return;
+	__u64 *lost = bpf_map_lookup_elem(&zcr_wake_lost, &worker);
+	if (lost)
+		__sync_fetch_and_add(lost, 1);
+}
+
 /* A tcp_sock, only the fields read here: CO-RE relocates the offsets against the running
  * kernel's BTF at load time, so no vmlinux.h is needed. */
 struct tcp_sock {
@@ -121,6 +160,7 @@ int zcr_verdict(struct __sk_buff *skb)
 			__u32 tail = st->skip_tail;
 			if (tail - st->skip_head >= ZCR_SKIPS) {
 				st->flags |= ZCR_BROKEN;
+				wake(link->index);
 			} else {
 				st->skip_at[tail & (ZCR_SKIPS - 1)] = st->passed;
 				st->skip_len[tail & (ZCR_SKIPS - 1)] = seen;
@@ -129,6 +169,7 @@ int zcr_verdict(struct __sk_buff *skb)
 			overlap = true;
 		} else if (gap > 0) {
 			st->flags |= ZCR_BROKEN;
+			wake(link->index);
 		}
 	}
 	st->next_seq = seq + skb->len;
@@ -155,6 +196,11 @@ int zcr_verdict(struct __sk_buff *skb)
 	__sync_fetch_and_add(&st->redirected, skb->len);
 	return SK_PASS;
 pass:
+	/* The first byte passed since user space last caught up: wake its worker. Later ones find
+	 * it moving them already (consumed != passed), and it looks again before it goes back to
+	 * waiting (the fence in SockmapPump::redirect() pairs with the atomic add below). */
+	if (st->consumed == st->passed)
+		wake(link->index);
 	__sync_fetch_and_add(&st->passed, skb->len);
 	return SK_PASS;
 }

@@ -56,6 +56,11 @@ struct zcr_sock_stats {
 	__u32 pad;
 };
 
+/* Bytes of each worker's wake-up ring (zcr_wake): 4-byte record indexes in 16-byte entries,
+ * 4,096 wake-ups a worker has not read yet before one is refused (and counted in
+ * zcr_wake_lost). */
+#define ZCR_WAKE_RING_BYTES (64 * 1024)
+
 #define ZCR_SEQ_VALID 1u /* next_seq is set */
 #define ZCR_BROKEN 2u    /* an skb skipped bytes, or too many replays pending: stream lost */
 

@@ -482,11 +482,10 @@ void Connections::retryStarved() {
     }
 }
 
-void Connections::onPathScan() {
-    if (!paths_.scanning()) return;  // the last holder closed: armed again by the next
-    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+void Connections::onPathSignal(int res) {
+    paths_.onSignal(res, slots_used_, [this](uint32_t slot) {
         Conn& c = conn(slot);
-        if (c.state != ConnState::Relaying) continue;
+        if (c.state != ConnState::Relaying || !c.paths.any()) return;
         for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
             if (c.dir[d].finished) continue;
             PumpPort p = port(c, slot, d);
@@ -495,8 +494,7 @@ void Connections::onPathScan() {
         }
         if (int side = 0; c.state == ConnState::Relaying && paths_.broken(c.paths, side))
             resetBroken(c, slot, side);
-    }
-    paths_.armScan();
+    });
 }
 
 void Connections::resetBroken(Conn& c, uint32_t slot, int side) {

@@ -47,9 +47,9 @@ class Connections final : public Acceptor::Host {
     // Idle timeouts, the PROXY header timeout, the drain deadline (`drain_deadline`: close
     // everything), and pipes that stayed idle through a tick of `tick_ms`.
     void sweep(bool drain_deadline, int64_t tick_ms);
-    // The data paths' timer (Op::PathScan): each direction's pump looks at what the kernel did
-    // (bytes it left to user space), and the path table at streams the kernel gave up on.
-    void onPathScan();
+    // The sockmap program signalled (Op::PathSignal): each connection it named looks at what
+    // the kernel did (passed bytes to move, a stream marked broken).
+    void onPathSignal(int res);
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
     // The runtime API: every connection to the backend whose state is `backend` (connecting

@@ -106,7 +106,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     if (want_sockmap) {
         uint64_t records =
             std::min<uint64_t>(uint64_t{2} * per_worker * cfg.workers, kMaxSockmapRecords);
-        auto loaded = Sockmap::load(static_cast<uint32_t>(records), Sockmap::Attach::StreamVerdict);
+        auto loaded = Sockmap::load(static_cast<uint32_t>(records), Sockmap::Attach::StreamVerdict,
+                                    cfg.workers, 2 * per_worker);
         if (loaded) {
             server->sockmap_ = std::move(*loaded);
             server->process_.sockmap_loaded = true;

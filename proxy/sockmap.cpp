@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstring>
 
@@ -39,11 +40,14 @@ uint32_t mapId(int fd) {
 
 }  // namespace
 
-tl::expected<std::unique_ptr<Sockmap>, std::string> Sockmap::load(uint32_t capacity,
-                                                                  Attach attach) {
+tl::expected<std::unique_ptr<Sockmap>, std::string> Sockmap::load(uint32_t capacity, Attach attach,
+                                                                  uint32_t workers,
+                                                                  uint32_t records_per_worker) {
     libbpf_set_print(libbpfPrint);
     std::unique_ptr<Sockmap> s(new Sockmap());
     s->capacity_ = capacity;
+    workers = std::max<uint32_t>(workers, 1);
+    if (records_per_worker == 0) records_per_worker = (capacity + workers - 1) / workers;
     s->skel_ = relay_bpf::open();
     if (!s->skel_) return tl::unexpected(failure("opening the BPF object", errno));
     relay_bpf* skel = s->skel_;
@@ -51,15 +55,35 @@ tl::expected<std::unique_ptr<Sockmap>, std::string> Sockmap::load(uint32_t capac
         if (int err = bpf_map__set_max_entries(m, capacity); err != 0)
             return tl::unexpected(failure("sizing the BPF maps", err));
     }
+    for (bpf_map* m : {skel->maps.zcr_wake, skel->maps.zcr_wake_lost}) {
+        if (int err = bpf_map__set_max_entries(m, workers); err != 0)
+            return tl::unexpected(failure("sizing the BPF wake-up maps", err));
+    }
+    skel->rodata->zcr_records_per_worker = records_per_worker;
     if (int err = relay_bpf::load(skel); err != 0)
         return tl::unexpected(failure("loading the BPF program", err));
     s->socks_fd_ = bpf_map__fd(skel->maps.zcr_socks);
     s->links_fd_ = bpf_map__fd(skel->maps.zcr_links);
 
+    // One ring per worker, put in the outer map before any socket can run the verdict.
+    for (uint32_t w = 0; w < workers; ++w) {
+        int fd = bpf_map_create(BPF_MAP_TYPE_RINGBUF, "zcr_wake_ring", 0, 0, ZCR_WAKE_RING_BYTES,
+                                nullptr);
+        if (fd < 0) return tl::unexpected(failure("creating a wake-up ring", errno));
+        s->wake_fds_.push_back(fd);
+        if (bpf_map_update_elem(bpf_map__fd(skel->maps.zcr_wake), &w, &fd, BPF_ANY) != 0)
+            return tl::unexpected(failure("filling the wake-up rings' map", errno));
+    }
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    s->wake_lost_bytes_ = (sizeof(uint64_t) * workers + page - 1) / page * page;
+    void* lost = mmap(nullptr, s->wake_lost_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
+                      bpf_map__fd(skel->maps.zcr_wake_lost), 0);
+    if (lost == MAP_FAILED) return tl::unexpected(failure("mapping the wake-up counts", errno));
+    s->wake_lost_ = static_cast<uint64_t*>(lost);
+
     // BPF_F_MMAPABLE: the array's pages are shared with us; the kernel rounds each value up
     // to 8 bytes, which zcr_sock_stats already is.
     static_assert(sizeof(zcr_sock_stats) % 8 == 0);
-    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     s->records_bytes_ = (sizeof(zcr_sock_stats) * capacity + page - 1) / page * page;
     void* mem = mmap(nullptr, s->records_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED,
                      bpf_map__fd(skel->maps.zcr_stats), 0);
@@ -83,6 +107,8 @@ Sockmap::~Sockmap() {
         bpf_prog_detach2(bpf_program__fd(skel_->progs.zcr_verdict), socks_fd_,
                          static_cast<bpf_attach_type>(attach_type_));
     if (records_) munmap(records_, records_bytes_);
+    if (wake_lost_) munmap(wake_lost_, wake_lost_bytes_);
+    for (int fd : wake_fds_) ::close(fd);
     // Closing the maps frees them once no socket holds them; sockets still inside are taken
     // out by the kernel (their psocks are dropped and their callbacks restored).
     if (skel_) relay_bpf::destroy(skel_);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "result.hpp"
 
@@ -26,11 +27,12 @@ class Sockmap {
     // exists to measure that they do; StreamVerdict is what ships.
     enum class Attach : uint8_t { StreamVerdict, SkbVerdict };
 
-    // Opens, sizes (`capacity` sockets, two per connection), loads and attaches the program.
-    // Fails without CAP_BPF + CAP_NET_ADMIN, or on a kernel without sockmap; the error
-    // names the step.
-    static tl::expected<std::unique_ptr<Sockmap>, std::string> load(uint32_t capacity,
-                                                                    Attach attach);
+    // Opens, sizes (`capacity` sockets, two per connection), loads and attaches the program,
+    // with one wake-up ring per worker: `workers` of them, worker w owning the records
+    // [w * records_per_worker, (w + 1) * records_per_worker). Fails without CAP_BPF +
+    // CAP_NET_ADMIN, or on a kernel without sockmap; the error names the step.
+    static tl::expected<std::unique_ptr<Sockmap>, std::string> load(
+        uint32_t capacity, Attach attach, uint32_t workers = 1, uint32_t records_per_worker = 0);
     ~Sockmap();
     Sockmap(const Sockmap&) = delete;
     Sockmap& operator=(const Sockmap&) = delete;
@@ -52,6 +54,14 @@ class Sockmap {
 
     zcr_sock_stats& record(uint32_t index) { return records_[index]; }
 
+    // Worker `w`'s wake-up ring (relay.bpf.c: a record index each time a socket starts passing
+    // bytes or breaks): poll its fd for POLLIN, then read it with libbpf's ring_buffer.
+    int wakeRingFd(uint32_t w) const { return wake_fds_[w]; }
+    // Wake-ups the program could not write into worker `w`'s ring because it was full.
+    uint64_t wakeLost(uint32_t w) const {
+        return __atomic_load_n(&wake_lost_[w], __ATOMIC_RELAXED);
+    }
+
     // Kernel-side ids, for tests that inspect the maps from outside.
     uint32_t socksMapId() const;
     uint32_t linksMapId() const;
@@ -66,6 +76,9 @@ class Sockmap {
     int attach_type_ = -1;
     int socks_fd_ = -1;
     int links_fd_ = -1;
+    std::vector<int> wake_fds_;
+    uint64_t* wake_lost_ = nullptr;
+    size_t wake_lost_bytes_ = 0;
 };
 
 // The socket's cookie (SO_COOKIE): the key the program knows a socket by.

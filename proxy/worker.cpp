@@ -121,7 +121,8 @@ Result<void> Worker::setUp() {
     pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc(), *holds_});
     if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
         LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");
-    paths_ = std::make_unique<Paths>(*ring_, sockmap_, sockmap_base_, max_conns_, stats_);
+    paths_ = std::make_unique<Paths>(*ring_, sockmap_, sockmap_base_, max_conns_, stats_, id_);
+    if (auto signal = paths_->startSignal(); !signal) return tl::unexpected(signal.error());
     conns_ = std::make_unique<Connections>(id_, *ring_, process_, stats_, *pumps_, *acceptor_,
                                            generations_, now_ms_, max_conns_, *paths_);
     wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
@@ -176,8 +177,8 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
         case Op::Tick:
             onTick();
             return;
-        case Op::PathScan:
-            conns_->onPathScan();
+        case Op::PathSignal:
+            conns_->onPathSignal(cqe->res);
             return;
         case Op::Accept:
             acceptor_->onAccept(ud.slot, ud.aux, cqe->res, now_ms_);

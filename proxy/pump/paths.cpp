@@ -1,14 +1,38 @@
 #include "pump/paths.hpp"
 
+#include <bpf/libbpf.h>
+#include <poll.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "log.hpp"
 
 namespace zcrelay {
 
-Paths::Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats)
-    : ring_(ring), sockmap_(sockmap), base_(base), max_conns_(max_conns), stats_(stats) {}
+Paths::Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats,
+             uint32_t worker)
+    : ring_(ring),
+      sockmap_(sockmap),
+      base_(base),
+      max_conns_(max_conns),
+      stats_(stats),
+      worker_(worker) {}
+
+Result<void> Paths::startSignal() {
+    if (sockmap_ == nullptr) return {};
+    wake_ring_ = ring_buffer__new(sockmap_->wakeRingFd(worker_), &Paths::onWake, this, nullptr);
+    if (wake_ring_ == nullptr) return sysError("mapping the sockmap wake-up ring");
+    woken_.reserve(ZCR_WAKE_RING_BYTES / 16);
+    armSignal();
+    return {};
+}
+
+Paths::~Paths() {
+    if (wake_ring_ != nullptr) ring_buffer__free(wake_ring_);
+}
 
 namespace {
 
@@ -30,7 +54,6 @@ void Paths::enter(PathState& state, const PairSetUp& s, ListenerStats& counts) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
     if (state.sockmap.any()) {
-        if (holders_++ == 0) armScan();
         counts.sockmap_connections.add();
     }
     if (s.fell_back) counts.sockmap_fallbacks[idx(s.reason)].add();
@@ -172,11 +195,36 @@ Step Paths::fallBack(Pump& pump, const PumpPort& p, PumpEnv& env, PipeFallback w
     return pump.emplace<CopyPump>(watch).start(p, env);
 }
 
-void Paths::armScan() {
-    static constexpr __kernel_timespec kScan = {0, 10000000};
+void Paths::armSignal() {
+    if (sockmap_ == nullptr) return;
+    // One-shot and level-triggered: wake-ups written while it was not armed fire it at once.
     io_uring_sqe* sqe = ring_.sqe();
-    io_uring_prep_timeout(sqe, const_cast<__kernel_timespec*>(&kScan), 0, 0);
-    io_uring_sqe_set_data64(sqe, UserData{Op::PathScan}.pack());
+    io_uring_prep_poll_add(sqe, sockmap_->wakeRingFd(worker_), POLLIN);
+    io_uring_sqe_set_data64(sqe, UserData{Op::PathSignal}.pack());
+}
+
+bool Paths::drainSignal() {
+    woken_.clear();
+    woken_overflow_ = false;
+    ring_buffer__consume(wake_ring_);
+    uint64_t lost = sockmap_->wakeLost(worker_);
+    bool all = lost != wake_lost_ || woken_overflow_;
+    wake_lost_ = lost;
+    return all;
+}
+
+int Paths::onWake(void* self, void* data, size_t size) {
+    auto* paths = static_cast<Paths*>(self);
+    if (size < sizeof(uint32_t)) return 0;
+    if (paths->woken_.size() == paths->woken_.capacity()) {
+        // More than the ring holds arrived while it was read: look at everything instead.
+        paths->woken_overflow_ = true;
+        return 0;
+    }
+    uint32_t index;
+    std::memcpy(&index, data, sizeof index);
+    paths->woken_.push_back(index);
+    return 0;
 }
 
 bool Paths::broken(const PathState& state, int& side) const {
@@ -193,7 +241,6 @@ void Paths::tearDown(PathState& state, ListenerStats& counts) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
     tearDownPair(*sockmap_, state.sockmap);
-    --holders_;
     if (state.promoted) counts.sockmap_promoted.sub();
 }
 

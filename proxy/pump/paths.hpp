@@ -2,12 +2,14 @@
 // The path table: which pump each direction of a connection runs, and the kernel state a path
 // keeps per connection beside its two pumps (sockmap: both sockets' entries in the maps, and
 // their records). The lifecycle (connections.cpp) asks it for the pumps when a connection starts
-// relaying, lends it that state at the 10 ms scan and at close, and never names a path itself.
+// relaying, lends it that state when the program signals and at close, and never names a path
+// itself.
 // A fourth path is a pump in pump/, one more alternative of Pump below, one more row of
 // data_path.hpp's table, and its case in Paths::choose.
 #include <cstdint>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "data_path.hpp"
 #include "pump/copy_pump.hpp"
@@ -15,7 +17,10 @@
 #include "pump/sockmap_kernel.hpp"
 #include "pump/sockmap_pump.hpp"
 #include "pump/splice_pump.hpp"
+#include "result.hpp"
 #include "stats.hpp"
+
+struct ring_buffer;
 
 namespace zcrelay {
 
@@ -77,7 +82,12 @@ class Paths {
   public:
     // `sockmap` (null when the program is not loaded) holds records [base, base + 2 * max_conns)
     // for this worker's connections: two per slot.
-    Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats);
+    // `worker`: this worker's index, whose wake-up ring it reads (startSignal).
+    Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats,
+          uint32_t worker);
+    ~Paths();
+    Paths(const Paths&) = delete;
+    Paths& operator=(const Paths&) = delete;
 
     // Whether a connection on a listener in `mode` that read some of its client's bytes itself
     // (a PROXY header, a ClientHello) must send on what waits in the client's socket before its
@@ -110,14 +120,19 @@ class Paths {
     unsigned promote(const PromoteRequest& r, PathState& state, Pump& up, Pump& down,
                      PipePool& pipes);
 
-    // The scan's timer (Op::PathScan): armed while some connection holds state, every 10 ms.
-    // The sockmap program never wakes user space: passed bytes are found by reading the
-    // records, which are mapped into our memory, so a scan costs no syscall (~2 ns per
-    // connection). While passed bytes wait, their socket's receive window closes: the scan
-    // period bounds that stall.
-    bool scanning() const { return holders_ > 0; }
-    void armScan();
-    // At the scan, after the pumps' own: whether the kernel marked `state`'s stream beyond
+    // The program's signal (Op::PathSignal): a poll on this worker's wake-up ring, where the
+    // sockmap program writes a socket's record index when it starts passing bytes or breaks
+    // (bpf/relay.bpf.c). Armed from the start while the program is loaded; nothing else wakes
+    // the worker for a sockmap connection, so an idle one costs nothing.
+    // Maps the wake-up ring and arms the first poll; fails only if the ring cannot be mapped.
+    Result<void> startSignal();
+    void armSignal();
+    // After the poll fired: calls `look(slot)` for every connection slot the ring named, or, if
+    // the program had to drop wake-ups (the ring was full), `look` for every slot, then arms the
+    // poll again (unless `res` says it was cancelled: the worker is stopping).
+    template <class Look>
+    void onSignal(int res, uint32_t slots_used, Look&& look);
+    // At a signal, after the pumps' own look: whether the kernel marked `state`'s stream beyond
     // repair; `side` says which socket's (0 client, 1 upstream).
     bool broken(const PathState& state, int& side) const;
     // The connection closes, its pumps aborted, its sockets still open: `state` leaves the
@@ -125,15 +140,34 @@ class Paths {
     void tearDown(PathState& state, ListenerStats& counts);
 
   private:
-    // Counts what a setUpPair() put in the kernel, and starts the scan for its first holder.
+    // Counts what a setUpPair() put in the kernel.
     void enter(PathState& state, const PairSetUp& s, ListenerStats& counts);
+    // Reads the wake-up ring into woken_; true if the program lost some since the last time.
+    bool drainSignal();
+    static int onWake(void* self, void* data, size_t size);
 
     Ring& ring_;
     Sockmap* const sockmap_;
     const uint32_t base_;
     const uint32_t max_conns_;
     WorkerStats& stats_;
-    uint32_t holders_ = 0;  // connections whose state is in the kernel; the scan runs while > 0
+    const uint32_t worker_;
+    ring_buffer* wake_ring_ = nullptr;  // libbpf's reader of this worker's ring
+    uint64_t wake_lost_ = 0;            // Sockmap::wakeLost() at the last drain
+    std::vector<uint32_t> woken_;       // record indexes of one drain (reserved: the ring's most)
+    bool woken_overflow_ = false;       // a drain found more than woken_ holds
 };
+
+template <class Look>
+void Paths::onSignal(int res, uint32_t slots_used, Look&& look) {
+    if (res < 0) return;  // cancelled: the worker is stopping
+    if (drainSignal()) {
+        for (uint32_t slot = 0; slot < slots_used; ++slot) look(slot);
+    } else {
+        for (uint32_t index : woken_)
+            if (index >= base_ && (index - base_) / 2 < max_conns_) look((index - base_) / 2);
+    }
+    armSignal();
+}
 
 }  // namespace zcrelay

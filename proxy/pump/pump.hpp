@@ -13,7 +13,7 @@
 //   Step onCompletion(port, env, op, res, flags, aux)
 //                                                 a CQE of an SQE it issued (aux: its user_data's)
 //   Step resume(port, env)                        after Step::starved: buffers came back
-//   Step scan(port, env)                          the worker's 10 ms look at the sockmap records
+//   Step scan(port, env)                          the sockmap program signalled this connection
 //   uint64_t kernelBytes(env)                     bytes the kernel moved without it, since last asked
 //   void quiet(env)                               a tick with no bytes: give back what idles
 //   void abort(port, env)                         the connection closes: release, cancel timers

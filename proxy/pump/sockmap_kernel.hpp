@@ -22,8 +22,9 @@
 //   of wake-ups that find nothing to read.
 // Passed bytes: when the peer is missing or too much is in flight towards it, the program
 //   leaves bytes on their socket, in order, and keeps doing so until user space has moved them
-//   all (record.consumed == record.passed). The worker notices (a scan of the records every
-//   10 ms, or the peek at EOF), waits until the peer has queued everything redirected before
+//   all (record.consumed == record.passed). The worker notices (the program writes the record's
+//   index into the worker's wake-up ring as it starts passing, or the peek at EOF), waits until
+//   the peer has queued everything redirected before
 //   them (checkQueued), then moves them by copy; the kernel path resumes on its own after.
 // FIN: a FIN is not redirected. After POLLRDHUP, a peek returning 0 confirms the end of the
 //   stream (checkEof); shutdown(dst, SHUT_WR) must then wait until every byte src received
@@ -37,6 +38,11 @@
 //   waits for what was redirected and copied instead (checkQueued).
 // Teardown: both sockets leave the map before close(). A read that returns EPIPE on a socket
 //   whose writing side is already shut down is the psock's failed late send, not an error.
+// Mid-stream: a connection relayed by splice may enter the map (mode auto's promotion: the
+//   set-up above, with the records starting from what splice wrote, queuedOn()), but never
+//   leave it while it relays: passed bytes are invisible to splice(), and a socket taken out
+//   mid-stream keeps a stale read sequence or loses an skb to a verdict running meanwhile
+//   (proxy/kernel.md, "Sockmap: leaving and entering mid-stream").
 #include <cstdint>
 
 #include "data_path.hpp"

@@ -54,7 +54,7 @@ class SockmapPump {
     // Watch, Barrier, and the copy's Recv, Send and PollOut completions.
     Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
                       uint8_t aux);
-    // The worker's periodic look at the records: passed bytes waiting for user space?
+    // The program signalled this socket's worker: passed bytes waiting for user space?
     Step scan(const PumpPort& p, PumpEnv& env);
     // After Step::starved: buffers came back to the ring.
     Step resume(const PumpPort& p, PumpEnv& env);

@@ -31,7 +31,7 @@ enum class Op : uint8_t {
     Recv,            // copy path: recv into a provided buffer
     Send,            // copy path: send from a provided buffer
     Barrier,         // sockmap: a timer to look at a barrier (or the EOF) again
-    PathScan,        // the data paths' timer: sockmap looks for passed bytes (pump/paths.hpp)
+    PathSignal,      // the sockmap program's wake-up ring is readable (pump/paths.hpp)
     ProxyRead,       // accept_proxy: the client's PROXY header (or enough of it) is readable
     HelloRead,       // routes: the client's TLS ClientHello (or enough of it) is readable
     Check,           // health check I/O: connect, send or recv (slot = check index)

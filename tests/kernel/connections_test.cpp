@@ -138,7 +138,7 @@ class Lifecycle {
         acceptor_ = std::make_unique<Acceptor>(0, std::vector<UniqueFd>{}, *gens_, process_, 64,
                                                stats_.accept_paused);
         now_ms = monotonicMs();
-        paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_);
+        paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_, 0);
         conns_ = std::make_unique<Connections>(0, *ring_, process_, stats_, *env_, *acceptor_,
                                                *gens_, now_ms, 64, *paths_);
         acceptor_->start(*ring_, *conns_);
@@ -224,7 +224,7 @@ class Lifecycle {
             unsigned head, count = 0;
             io_uring_for_each_cqe(ring_->raw(), head, cqe) {
                 UserData ud = UserData::unpack(cqe->user_data);
-                if (ud.op != Op::Ignore && ud.op != Op::PathScan) conns_->onCompletion(ud, cqe);
+                if (ud.op != Op::Ignore && ud.op != Op::PathSignal) conns_->onCompletion(ud, cqe);
                 ++count;
             }
             io_uring_cq_advance(ring_->raw(), count);

@@ -1,5 +1,6 @@
 // Bytes the program passes to user space, moved on by the relay's sockmap pump: early bytes
 // from before the pair was complete, and the rest once the in-flight limit is reached.
+#include <bpf/libbpf.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <liburing.h>
@@ -7,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -322,6 +324,54 @@ TEST_P(SockmapTest, PassedBytesAreInvisibleToSplice) {
     EXPECT_TRUE(std::equal(got.begin(), got.begin() + n, want.begin()))
         << "the first passed byte is byte " << k.redirected << " of the stream";
     RecordProperty("passed", std::to_string(k.passed));
+    ::shutdown(c, SHUT_RDWR);
+}
+
+// The program's signal: when a socket starts passing bytes, the program writes its record index
+// into the worker's wake-up ring, once for the whole run of passed skbs (the ones after it find
+// consumed != passed), so a worker sleeps until there is something to move. Here every record
+// belongs to worker 0 (Sockmap::load with one worker).
+TEST_P(SockmapTest, PassingWakesTheWorkerOncePerRun) {
+    constexpr uint64_t kTotal = 32 * kMiB;
+    constexpr uint32_t kBase = 400;
+    std::vector<uint32_t> woken;
+    auto collect = [](void* ctx, void* data, size_t size) {
+        uint32_t index = 0;
+        if (size >= sizeof index) std::memcpy(&index, data, sizeof index);
+        static_cast<std::vector<uint32_t>*>(ctx)->push_back(index);
+        return 0;
+    };
+    ring_buffer* ring = ring_buffer__new(map_->wakeRingFd(0), collect, &woken, nullptr);
+    ASSERT_NE(ring, nullptr) << std::strerror(errno);
+    std::unique_ptr<ring_buffer, void (*)(ring_buffer*)> own(ring, ring_buffer__free);
+    ring_buffer__consume(ring);  // what earlier cases of this fixture left
+    woken.clear();
+
+    Relayed* p = connectPair();
+    ASSERT_NE(p, nullptr);
+    int c = p->client.get();
+    PairSetUp s = setUpPair(*map_, p->conn, p->fds, kBase, 256 * kKiB);
+    ASSERT_FALSE(s.fell_back) << label(s.reason);
+    ring_buffer__consume(ring);
+    EXPECT_TRUE(woken.empty()) << "nothing passed yet, nothing to wake for: " << woken.size();
+    IoResult sent;
+    Background sender(c, [&] { sent = test::sendPayload(c, kSeedUp, kTotal, 20s); });
+    // U never reads: past the bound the program passes skb after skb, until A's buffer is full.
+    uint64_t last = 0;
+    ASSERT_TRUE(test::waitUntil(
+        [&] {
+            uint64_t now = counters(kBase).passed;
+            bool same = now > 0 && now == last;
+            last = now;
+            return same;
+        },
+        10s, 100ms))
+        << counters(kBase);
+    ring_buffer__consume(ring);
+    Counters k = counters(kBase);
+    EXPECT_EQ(woken, std::vector<uint32_t>{kBase}) << k;
+    EXPECT_GT(k.passed, 4 * 64 * kKiB) << "several skbs passed, one wake-up: " << k;
+    EXPECT_EQ(map_->wakeLost(0), 0u);
     ::shutdown(c, SHUT_RDWR);
 }
 
