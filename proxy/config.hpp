@@ -153,8 +153,8 @@ struct ListenerConfig {
     uint64_t max_connections_per_source = 0;
     KeepaliveConfig tcp_keepalive;  // on the client socket
     Mode mode = Mode::Splice;
-    // mode auto: how many of this listener's connections each worker keeps on sockmap at once;
-    // an interactive connection past it stays on splice. 0: none is ever promoted.
+    // mode auto: a worker promotes an interactive connection to sockmap only while it relays at
+    // most this many of the listener's connections. 0: none is ever promoted.
     unsigned auto_sockmap_max = 2;
     uint64_t pipe_size = 1 << 20;  // the size a busy direction's pipe grows to (starts at 64 KiB)
     Duration connect_timeout = std::chrono::seconds(5);

@@ -438,8 +438,9 @@ const Key<ListenerConfig> kListenerKeyTable[] = {
      .member = &ListenerConfig::auto_sockmap_max,
      .fallback = "2",
      .max = 1000000,
-     .help = "mode auto: connections each worker keeps on sockmap at once (past 2-4 busy ones "
-             "splice relays more per CPU); 0 = never promote"},
+     .help = "mode auto: a worker promotes interactive connections to sockmap only while it "
+             "relays at most this many of the listener's (past 2-4 busy ones splice relays more "
+             "per CPU); 0 = never promote"},
     {.name = "pipe_size",
      .kind = Kind::Size,
      .member = &ListenerConfig::pipe_size,

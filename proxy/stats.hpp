@@ -77,7 +77,6 @@ struct ListenerStats {
     // came from follows from the reason (SwitchReason).
     std::array<std::array<StatCounter, idx(SwitchReason::kCount)>, idx(DataPath::kCount)>
         path_switches;
-    StatCounter sockmap_promoted;  // gauge: mode auto connections this worker moved to sockmap
     std::array<StatCounter, idx(ProxyFailure::kCount)> proxy_errors;
     // routes: inspections that matched no conditional route, and how long each took.
     std::array<StatCounter, idx(InspectFailure::kCount)> inspect_failures;

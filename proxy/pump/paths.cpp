@@ -138,8 +138,9 @@ unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pum
         auto* splice = std::get_if<SplicePump>(pump);
         if (splice == nullptr || !splice->betweenReads()) return 0;
     }
-    if (r.counts.sockmap_promoted.get() >= r.auto_max) {
-        // No room: look again after as many turns (a promoted connection may have closed).
+    if (r.live > r.auto_max) {
+        // Too many connections for the kernel path to pay: look again after as many turns
+        // (some may have closed by then).
         state.watch.turns = 0;
         return 0;
     }
@@ -181,7 +182,6 @@ unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pum
     }
     if (state.sockmap.any()) {
         state.promoted = true;
-        r.counts.sockmap_promoted.add();
         for (int fd : r.fd) leaveSendingToTheKernel(fd);
     }
     return replaced;
@@ -241,7 +241,6 @@ void Paths::tearDown(PathState& state, ListenerStats& counts) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
     tearDownPair(*sockmap_, state.sockmap);
-    if (state.promoted) counts.sockmap_promoted.sub();
 }
 
 }  // namespace zcrelay

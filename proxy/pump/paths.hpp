@@ -75,7 +75,8 @@ struct PromoteRequest {
     uint32_t proxy_in;
     uint32_t proxy_out;
     ListenerStats& counts;
-    unsigned auto_max;
+    unsigned auto_max;  // the listener's auto_sockmap_max
+    uint64_t live;      // the listener's connections open on this worker, this one included
 };
 
 class Paths {
@@ -111,8 +112,10 @@ class Paths {
     // mode auto, after direction `d` of a connection on splice moved `n` bytes: whether it has
     // shown the request/response pattern (AutoWatch) and should be promoted.
     static bool observe(PathState& state, int d, uint64_t n);
-    // Moves a connection that observe() picked from splice to sockmap, if the listener has room
-    // (auto_sockmap_max per worker) and both splice pumps are between reads: nothing in their
+    // Moves a connection that observe() picked from splice to sockmap, if the worker relays few
+    // enough of the listener's connections (at most auto_sockmap_max: past 2-4 busy ones the
+    // kernel path's per-message work costs more than it saves, and a connection once promoted
+    // cannot go back) and both splice pumps are between reads: nothing in their
     // pipes, no FIN seen. The sockets enter the maps as a new connection's do (setUpPair: what
     // arrived meanwhile is passed and moved first, and what splice wrote counts as written
     // before), and the pumps are replaced, not started. Returns a bit per direction whose pump

@@ -1,6 +1,6 @@
 // mode auto through the real binary: a connection that talks request/response moves from splice
 // to sockmap without losing, doubling or reordering a byte, bulk stays on splice, and a worker
-// promotes no more connections than the listener's auto_sockmap_max.
+// promotes only while it relays at most the listener's auto_sockmap_max connections.
 //
 // The upstream echoes; the client sends payload kSeed and checks the echo against the same
 // payload at every offset, so any byte lost, repeated or moved across the switch shows as the
@@ -202,9 +202,10 @@ TEST_F(AutoModeTest, BulkStaysOnSplice) {
     EXPECT_EQ(relay_.metric(metricName(Metric::SockmapConnections), metric::listener()), 0.0);
 }
 
-// auto_sockmap_max: 1 on one worker: of two interactive connections only the first is promoted;
-// once it closes, the second is, at its next turns.
-TEST_F(AutoModeTest, AWorkerPromotesNoMoreThanTheListenersShare) {
+// auto_sockmap_max: 1 on one worker: a connection alone is promoted; a second one, while the
+// first is open, is not (two live connections); once the first closes, the second is, at its
+// next turns.
+TEST_F(AutoModeTest, AWorkerPromotesOnlyWhileItRelaysFewConnections) {
     ScriptedUpstream up(AF_INET, echoScript());
     ASSERT_NO_FATAL_FAILURE(startRelay(up, "    auto_sockmap_max: 1\n", 1));
     EchoClient first = connectClient();
@@ -213,14 +214,14 @@ TEST_F(AutoModeTest, AWorkerPromotesNoMoreThanTheListenersShare) {
     EchoClient second = connectClient();
     for (int i = 0; i < 40; ++i) ASSERT_TRUE(second.exchange(64));
     EXPECT_EQ(relay_.metric(metricName(Metric::DatapathSwitches), promoted()), 2.0)
-        << "the worker's one place is taken";
+        << "two connections open: past auto_sockmap_max";
     ::shutdown(first.fd(), SHUT_WR);
     char extra = 0;
     EXPECT_EQ(readSome(first.fd(), &extra, 1, kDeadline).status, IoStatus::Eof);
     ASSERT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), 1.0));
     for (int i = 0; i < 12; ++i) ASSERT_TRUE(second.exchange(64));
     EXPECT_TRUE(relay_.waitForMetric(metricName(Metric::DatapathSwitches), promoted(), 4.0))
-        << "the place the first connection left is the second's";
+        << "alone again, the second connection is promoted";
 }
 
 }  // namespace
