@@ -87,6 +87,9 @@ struct sk_buff {
 
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
+/* A load the compiler may not merge with an earlier one or move before the atomic add above it. */
+#define READ_ONCE_U64(x) (*(volatile __u64 *)&(x))
+
 /* Bytes sent towards the peer that its receiver has not acknowledged yet: the psock backlog
  * plus the peer's send queue. The lookup takes a reference on the socket, released at once. */
 static __always_inline int peer_in_flight(struct zcr_link *link, struct zcr_sock_stats *st,
@@ -195,14 +198,18 @@ int zcr_verdict(struct __sk_buff *skb)
 		goto pass;
 	__sync_fetch_and_add(&st->redirected, skb->len);
 	return SK_PASS;
-pass:
-	/* The first byte passed since user space last caught up: wake its worker. Later ones find
-	 * it moving them already (consumed != passed), and it looks again before it goes back to
-	 * waiting (the fence in SockmapPump::redirect() pairs with the atomic add below). */
-	if (st->consumed == st->passed)
+pass: {
+	/* The first byte passed since user space last caught up wakes its worker; later ones find
+	 * it moving them already. The add comes before the look at consumed: user space stores
+	 * consumed, fences, then looks at passed before it goes back to waiting
+	 * (SockmapPump::redirect), so either it sees this add or this look sees its store. Looking
+	 * first lost the race: both read the old values, and 1 MB waited, passed, for a wake-up
+	 * that never came (an nc upload of 1 GiB in bench/run). */
+	__u64 before = __sync_fetch_and_add(&st->passed, skb->len);
+	if (READ_ONCE_U64(st->consumed) == before)
 		wake(link->index);
-	__sync_fetch_and_add(&st->passed, skb->len);
 	return SK_PASS;
+}
 }
 
 char LICENSE[] SEC("license") = "GPL";

@@ -486,18 +486,19 @@ void Connections::retryStarved() {
 }
 
 void Connections::onPathSignal(int res) {
-    paths_.onSignal(res, slots_used_, [this](uint32_t slot) {
-        Conn& c = conn(slot);
-        if (c.state != ConnState::Relaying || !c.paths.any()) return;
-        for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
-            if (c.dir[d].finished) continue;
-            PumpPort p = port(c, slot, d);
-            apply(c, slot, d,
-                  std::visit([&](auto& pump) { return pump.scan(p, pumps_); }, c.dir[d].pump));
-        }
-        if (int side = 0; c.state == ConnState::Relaying && paths_.broken(c.paths, side))
-            resetBroken(c, slot, side);
-    });
+    paths_.onSignal(res, slots_used_, [this](uint32_t slot) { lookAtKernel(conn(slot), slot); });
+}
+
+void Connections::lookAtKernel(Conn& c, uint32_t slot) {
+    if (c.state != ConnState::Relaying || !c.paths.any()) return;
+    for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
+        if (c.dir[d].finished) continue;
+        PumpPort p = port(c, slot, d);
+        apply(c, slot, d,
+              std::visit([&](auto& pump) { return pump.scan(p, pumps_); }, c.dir[d].pump));
+    }
+    if (int side = 0; c.state == ConnState::Relaying && paths_.broken(c.paths, side))
+        resetBroken(c, slot, side);
 }
 
 void Connections::resetBroken(Conn& c, uint32_t slot, int side) {

@@ -93,6 +93,11 @@ class Connections final : public Acceptor::Host {
     // A pump's verdict: bytes, finish, failure, fallback.
     void apply(Conn& c, uint32_t slot, int d, Step step);
     void addBytes(Conn& c, int d, uint64_t n);
+    // What the kernel did for `c`'s paths: passed bytes for a pump to move, a broken stream.
+    // At the program's signal, and once a tick for every connection with kernel state: the
+    // signal's races are closed (relay.bpf.c), and this keeps any wake-up lost all the same
+    // from stalling a connection for more than a tick.
+    void lookAtKernel(Conn& c, uint32_t slot);
     // mode auto: the connection turned interactive (Paths::observe); moves it to sockmap if
     // the path table can now, and starts the pumps it replaced.
     void promoteToSockmap(Conn& c, uint32_t slot);

@@ -39,6 +39,8 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
                 std::visit([&](auto& pump) { return pump.kernelBytes(pumps_); }, c.dir[d].pump);
             if (n > 0) addBytes(c, d, n);
         }
+        lookAtKernel(c, slot);
+        if (c.state != ConnState::Relaying) continue;
         int64_t idle = l.idle_timeout.count();
         if (idle > 0 && now_ms_ - c.last_active_ms >= idle) {
             closeConn(c, slot, CloseReason::IdleTimeout);

@@ -23,8 +23,8 @@ Step SockmapPump::start(const PumpPort& p, PumpEnv& env) {
 void SockmapPump::redirect(const PumpPort& p, PumpEnv& env, Step& out) {
     // Back to waiting for the program's signal, which it sends only for a byte passed while
     // consumed == passed: our store of consumed and its add to passed race, so one of us must
-    // see the other's. The fence orders the store before this load (the program's add is a
-    // locked instruction that orders its load of consumed).
+    // see the other's. The fence orders our store before this load; the program adds first,
+    // with a locked instruction, and looks at consumed after (relay.bpf.c).
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (hasPassed(*env.sockmap))
         startCatchUp(p, env, out);
