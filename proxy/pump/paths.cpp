@@ -12,6 +12,23 @@
 
 namespace zcrelay {
 
+namespace {
+
+// The in-flight bound per direction (the psock's backlog plus the peer's send queue): four
+// pipes' worth, comparable to what splice has the kernel hold for a direction (one pipe plus
+// the socket buffers). pipe_size is the one knob for both.
+uint64_t inFlightLimit(uint64_t pipe_size) { return std::max<uint64_t>(4 * pipe_size, 64 * 1024); }
+
+// mode auto: the largest turn that still counts as a message, and how many such turns in a row
+// make a connection interactive (two round trips). 16 KiB is splice's own line between a small
+// read and a bulk one (kSmallRead in splice_pump.cpp): a larger message costs splice no more
+// wake-ups than the kernel path, and a stream of them is what the in-flight bound would make
+// the program pass to user space.
+constexpr uint64_t kAutoSmallTurn = 16 * 1024;
+constexpr uint8_t kAutoTurns = 4;
+
+}  // namespace
+
 Paths::Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, WorkerStats& stats,
              uint32_t worker)
     : ring_(ring),
@@ -34,28 +51,10 @@ Paths::~Paths() {
     if (wake_ring_ != nullptr) ring_buffer__free(wake_ring_);
 }
 
-namespace {
-
-// The in-flight bound per direction (the psock's backlog plus the peer's send queue): four
-// pipes' worth, comparable to what splice has the kernel hold for a direction (one pipe plus
-// the socket buffers). pipe_size is the one knob for both.
-uint64_t inFlightLimit(uint64_t pipe_size) { return std::max<uint64_t>(4 * pipe_size, 64 * 1024); }
-
-// mode auto: the largest turn that still counts as a message, and how many such turns in a row
-// make a connection interactive (two round trips). A turn is measured in what the splice pump
-// moved, which for a 64 B ping-pong is one splice per turn; 16 KiB is the most one kick of
-// splice's small-read rule takes, and past it a turn is bulk, where splice is as fast.
-constexpr uint64_t kAutoSmallTurn = 16 * 1024;
-constexpr uint8_t kAutoTurns = 4;
-
-}  // namespace
-
 void Paths::enter(PathState& state, const PairSetUp& s, ListenerStats& counts) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
-    if (state.sockmap.any()) {
-        counts.sockmap_connections.add();
-    }
+    if (state.sockmap.any()) counts.sockmap_connections.add();
     if (s.fell_back) counts.sockmap_fallbacks[idx(s.reason)].add();
 }
 
@@ -89,10 +88,10 @@ void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down)
         path[0] = s.path[0];
         path[1] = s.path[1];
     }
-    // mode auto: splice first. A segment read in part cannot enter the map (see
-    // wantsQueueSentFirst), so such a connection is never promoted.
-    state.watch.on = r.mode == Mode::Auto && kernel_path && !r.partly_read && r.slot < max_conns_ &&
-                     r.auto_max > 0;
+    // mode auto: splice first, watched for promote(). By the time it is promoted, splice has
+    // read whatever a PROXY header or a ClientHello was read from: a promotion happens only
+    // when the last splice found the client's socket empty.
+    state.watch.on = r.mode == Mode::Auto && kernel_path && r.slot < max_conns_ && r.auto_max > 0;
     Pump* pumps[2] = {&up, &down};
     for (int d = 0; d < 2; ++d) {
         switch (path[d]) {
