@@ -3,8 +3,8 @@
 
 Usage: bench/idle-conns.py [N] [WORKERS] [MODE]   (defaults 1000, 2, splice; ZCRELAY_BUILD picks
 the build dir). Also prints the relay's CPU over IDLE_SECONDS (default 5) of those connections
-sitting idle: what the relay's timers cost when nothing moves (sockmap scans its counters every
-10 ms). Every wait is bounded; only the relay this script starts is stopped, by PID.
+sitting idle: what the relay's timers cost when nothing moves (sockmap waits for its program's
+signal, so nothing should). Every wait is bounded; only the relay this script starts is stopped, by PID.
 """
 import os
 import re

@@ -4,6 +4,7 @@
 #   zcrelay-splice       build/zcrelay --mode splice  --workers N --metrics off
 #   zcrelay-copy         build/zcrelay --mode copy    --workers N --metrics off
 #   zcrelay-sockmap      build/zcrelay --mode sockmap --workers N --metrics off
+#   zcrelay-auto         build/zcrelay --mode auto    --workers N --metrics off
 #   zcrelay-copy-zc      build/zcrelay -c RUN_DIR/zcrelay.yaml: copy mode with send_zerocopy: true
 #                        (a listener key, which has no flag), workers N, metrics off
 #   haproxy-splice       haproxy -db, peers/haproxy-splice.cfg (forced splice)
@@ -65,7 +66,7 @@ _RELAY_SHELL=""   # $BASHPID of the shell that started the relay: the only one t
 _RELAY_SEQ=0      # per-start directory counter
 
 relay_names() {
-    printf '%s\n' direct zcrelay-splice zcrelay-copy zcrelay-sockmap zcrelay-copy-zc \
+    printf '%s\n' direct zcrelay-splice zcrelay-copy zcrelay-sockmap zcrelay-auto zcrelay-copy-zc \
         haproxy-splice haproxy-splice-auto haproxy-nosplice nginx nginx-halfclose socat
 }
 

@@ -567,6 +567,21 @@ TARGETS = [
     ("copy mode's peak RSS, bulk 100 clients, vs HAProxy's lowest", "bulk", "100x*",
      "peak_rss", "haproxy-*", "<=", 1.0, "zcrelay-copy"),
     ("bulk vs the no-relay ceiling", "bulk", "*", "median", "direct", ">=", 0.8),
+    # mode auto against splice mode (the issue "Sockmap mode that earns its name").
+    ("mode auto, bulk, vs splice mode", "bulk", "*", "median", "zcrelay-splice", ">=", 0.95,
+     "zcrelay-auto"),
+    ("mode auto, relay CPU per GB, bulk, vs splice mode", "bulk", "*", "cpu_per_gb",
+     "zcrelay-splice", "<=", 1.0, "zcrelay-auto"),
+    ("mode auto, nc 1 GiB upload, vs splice mode", "bulk-nc-upload", "1024MiB", "median",
+     "zcrelay-splice", ">=", 0.95, "zcrelay-auto"),
+    ("mode auto, nc 1 GiB download, vs splice mode", "bulk-nc-download", "1024MiB", "median",
+     "zcrelay-splice", ">=", 0.95, "zcrelay-auto"),
+    ("mode auto, connection rate, vs splice mode", "connrate", "*", "median", "zcrelay-splice",
+     ">=", 0.95, "zcrelay-auto"),
+    ("mode auto, ping-pong 1 connection, p50 vs splice mode", "pingpong", "1conn*", "p50",
+     "zcrelay-splice", "<=", 0.6, "zcrelay-auto"),
+    ("mode auto, ping-pong 100 connections, vs splice mode", "pingpong", "100conn*", "median",
+     "zcrelay-splice", ">=", 1.0, "zcrelay-auto"),
 ]
 
 

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# bench/real-clients.sh: how much of a real client's traffic moves through user memory, per mode.
+# For each mode (default: sockmap auto) a fresh zcrelay (2 workers, metrics on a loopback port)
+# relays, one client at a time: iperf3 upload and download (-R) for RUN_SECONDS (5), curl fetching
+# 256 MiB from nginx, and nc sending 64 MiB then receiving 32 MiB. After each client the relay's
+# /metrics says how many bytes it relayed (zcrelay_bytes_total) and how many of them went
+# through user memory: the copy path's, plus the bytes the sockmap program passed to user space
+# (zcrelay_sockmap_copied_bytes_total). Prints one Markdown table. Loopback only; every client
+# bounded by `timeout`; stops only the processes it started, by PID.
+#
+# Usage: bench/real-clients.sh [MODE...]
+set -euo pipefail
+
+readonly SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+BUILD="${ZCRELAY_BUILD:-$SCRIPT_DIR/../build}"
+RUN_SECONDS="${RUN_SECONDS:-5}"
+MODES=("$@")
+((${#MODES[@]})) || MODES=(sockmap auto)
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+for tool in iperf3 nginx curl nc; do
+    command -v "$tool" >/dev/null || { echo "real-clients: $tool missing (deploy/install-deps.sh)" >&2; exit 1; }
+done
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+listening() { ss -Hltn "sport = :$1" | grep -q LISTEN; }
+wait_listening() { local i; for i in $(seq 100); do listening "$1" && return 0; sleep 0.05; done; return 1; }
+
+# Sum of a metric's samples whose labels contain all of FILTER (a regex per label pair).
+metric() {
+    local port=$1 name=$2 filter=${3:-}
+    curl -s "http://127.0.0.1:$port/metrics" | awk -v n="$name" -v f="$filter" '
+        $1 ~ "^"n"[{ ]" || $1 == n { if (f == "" || $1 ~ f) s += $2 } END { printf "%.0f\n", s }'
+}
+
+# Upstreams: an iperf3 server, nginx serving a 256 MiB sparse file, and nc started per run.
+iperf_port=$(free_port)
+iperf3 -s -B 127.0.0.1 -p "$iperf_port" >"$WORK/iperf3.log" 2>&1 &
+PIDS+=($!)
+mkdir -p "$WORK/www"
+truncate -s 256M "$WORK/www/big.bin"
+nginx_port=$(free_port)
+cat >"$WORK/nginx.conf" <<CONF
+daemon off; master_process off; user root; pid $WORK/nginx.pid; error_log $WORK/nginx.err;
+events {}
+http { access_log off; client_body_temp_path $WORK/body; proxy_temp_path $WORK/proxy;
+  fastcgi_temp_path $WORK/fcgi; uwsgi_temp_path $WORK/uwsgi; scgi_temp_path $WORK/scgi;
+  server { listen 127.0.0.1:$nginx_port; root $WORK/www; } }
+CONF
+nginx -c "$WORK/nginx.conf" -e "$WORK/nginx.err" &
+PIDS+=($!)
+wait_listening "$iperf_port" && wait_listening "$nginx_port" || { echo "real-clients: upstreams did not start" >&2; exit 1; }
+head -c $((64 << 20)) /dev/urandom >"$WORK/up.bin"
+head -c $((32 << 20)) /dev/urandom >"$WORK/down.bin"
+
+echo "| mode | client | bytes relayed | through user memory | share | directions promoted |"
+echo "|---|---|---|---|---|---|"
+for mode in "${MODES[@]}"; do
+    for client in "iperf3 upload" "iperf3 download" "curl 256 MiB" "nc 64 MiB up, 32 MiB back"; do
+        case "$client" in
+            iperf3*) up_port=$iperf_port ;;
+            curl*) up_port=$nginx_port ;;
+            nc*)
+                up_port=$(free_port)
+                timeout 120 nc -N -l 127.0.0.1 "$up_port" <"$WORK/down.bin" >/dev/null &
+                PIDS+=($!)
+                wait_listening "$up_port" ;;
+        esac
+        relay_port=$(free_port)
+        metrics_port=$(free_port)
+        "$BUILD/zcrelay" --listen "127.0.0.1:$relay_port" --upstream "127.0.0.1:$up_port" \
+            --mode "$mode" --workers 2 --metrics "127.0.0.1:$metrics_port" >"$WORK/relay.log" 2>&1 &
+        relay=$!
+        PIDS+=("$relay")
+        for _ in $(seq 100); do grep -q 'zcrelay: ready' "$WORK/relay.log" && break; sleep 0.05; done
+        case "$client" in
+            "iperf3 upload") timeout 60 iperf3 -c 127.0.0.1 -p "$relay_port" -t "$RUN_SECONDS" >/dev/null ;;
+            "iperf3 download") timeout 60 iperf3 -c 127.0.0.1 -p "$relay_port" -t "$RUN_SECONDS" -R >/dev/null ;;
+            curl*) timeout 60 curl -sS -o /dev/null "http://127.0.0.1:$relay_port/big.bin" ;;
+            nc*) timeout 120 nc -N 127.0.0.1 "$relay_port" <"$WORK/up.bin" >/dev/null ;;
+        esac
+        for _ in $(seq 100); do
+            [[ $(metric "$metrics_port" zcrelay_connections_active) == 0 ]] && break; sleep 0.05
+        done
+        total=$(metric "$metrics_port" zcrelay_bytes_total)
+        copy=$(metric "$metrics_port" zcrelay_bytes_total 'path="copy"')
+        passed=$(metric "$metrics_port" zcrelay_sockmap_copied_bytes_total)
+        promoted=$(metric "$metrics_port" zcrelay_datapath_switches_total)
+        user=$((copy + passed))
+        share=$(python3 -c "print(f'{100 * $user / max($total, 1):.1f} %')")
+        echo "| $mode | $client | $total | $user | $share | $promoted |"
+        kill "$relay"; wait "$relay" 2>/dev/null || true
+    done
+done
