@@ -14,33 +14,28 @@ RELAY_CPU="${RELAY_CPU:-1}"
 LOAD_CPU="${LOAD_CPU:-0}"
 RUNS="${RUNS:-3}"
 CONNS="${CONNS:-1 2 4 8 16 32 100}"
+PORT_BASE="${PORT_BASE:-27000}"
+NEXT_PORT=$PORT_BASE
 MODES=("$@")
 ((${#MODES[@]})) || MODES=(splice sockmap auto)
+OWN_PIDS=()
+die() { echo "bench/auto-crossover.sh: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+source "$SCRIPT_DIR/lib.sh"
 WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
 trap cleanup EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-server_port=$(free_port)
-taskset -c "$LOAD_CPU" "$BUILD/bench/pingpong" server --listen "127.0.0.1:$server_port" \
-    --seconds 3600 >/dev/null 2>&1 &
-PIDS+=($!)
+start_port_server server_port pingpong "$BUILD/bench/pingpong" server --listen 127.0.0.1:0 \
+    --seconds 3600
 for mode in "${MODES[@]}"; do
-    relay_port=$(free_port)
+    pick_port relay_port
     taskset -c "$RELAY_CPU" "$BUILD/zcrelay" --listen "127.0.0.1:$relay_port" \
         --upstream "127.0.0.1:$server_port" --mode "$mode" --workers 1 --metrics off \
         >"$WORK/relay-$mode.log" 2>&1 &
     relay=$!
-    PIDS+=("$relay")
+    OWN_PIDS+=("$relay")
     for _ in $(seq 100); do grep -q 'zcrelay: ready' "$WORK/relay-$mode.log" && break; sleep 0.05; done
-    grep -q 'zcrelay: ready' "$WORK/relay-$mode.log" || { cat "$WORK/relay-$mode.log" >&2; exit 1; }
+    grep -q 'zcrelay: ready' "$WORK/relay-$mode.log" || die "$mode: $(cat "$WORK/relay-$mode.log")"
     for conns in $CONNS; do
         iters=$((40000 / conns)); ((iters < 400)) && iters=400
         : >"$WORK/rps" ; : >"$WORK/p50"
@@ -55,5 +50,5 @@ for mode in "${MODES[@]}"; do
         echo "$mode conns=$conns median req/s $(python3 "$SCRIPT_DIR/stats.py" median "$WORK/rps")" \
             "p50_us $(python3 "$SCRIPT_DIR/stats.py" median "$WORK/p50")"
     done
-    kill "$relay"; wait "$relay" 2>/dev/null || true
+    kill "$relay"; wait_gone "$relay" 5 || kill -KILL "$relay"
 done

@@ -14,22 +14,20 @@ set -euo pipefail
 readonly SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BUILD="${ZCRELAY_BUILD:-$SCRIPT_DIR/../build}"
 RUN_SECONDS="${RUN_SECONDS:-5}"
+PORT_BASE="${PORT_BASE:-27500}"
+NEXT_PORT=$PORT_BASE
 MODES=("$@")
 ((${#MODES[@]})) || MODES=(sockmap auto)
+OWN_PIDS=()
+die() { echo "bench/real-clients.sh: $*" >&2; exit 1; }
+# shellcheck source=lib.sh
+source "$SCRIPT_DIR/lib.sh"
 WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    rm -rf "$WORK"
-}
 trap cleanup EXIT
 for tool in iperf3 nginx curl nc; do
-    command -v "$tool" >/dev/null || { echo "real-clients: $tool missing (deploy/install-deps.sh)" >&2; exit 1; }
+    command -v "$tool" >/dev/null || die "$tool is missing (deploy/install-deps.sh installs it)"
 done
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 listening() { ss -Hltn "sport = :$1" | grep -q LISTEN; }
 wait_listening() { local i; for i in $(seq 100); do listening "$1" && return 0; sleep 0.05; done; return 1; }
 
@@ -41,12 +39,12 @@ metric() {
 }
 
 # Upstreams: an iperf3 server, nginx serving a 256 MiB sparse file, and nc started per run.
-iperf_port=$(free_port)
+pick_port iperf_port
 iperf3 -s -B 127.0.0.1 -p "$iperf_port" >"$WORK/iperf3.log" 2>&1 &
-PIDS+=($!)
+OWN_PIDS+=($!)
 mkdir -p "$WORK/www"
 truncate -s 256M "$WORK/www/big.bin"
-nginx_port=$(free_port)
+pick_port nginx_port
 cat >"$WORK/nginx.conf" <<CONF
 daemon off; master_process off; user root; pid $WORK/nginx.pid; error_log $WORK/nginx.err;
 events {}
@@ -55,8 +53,8 @@ http { access_log off; client_body_temp_path $WORK/body; proxy_temp_path $WORK/p
   server { listen 127.0.0.1:$nginx_port; root $WORK/www; } }
 CONF
 nginx -c "$WORK/nginx.conf" -e "$WORK/nginx.err" &
-PIDS+=($!)
-wait_listening "$iperf_port" && wait_listening "$nginx_port" || { echo "real-clients: upstreams did not start" >&2; exit 1; }
+OWN_PIDS+=($!)
+wait_listening "$iperf_port" && wait_listening "$nginx_port" || die "iperf3 or nginx did not start"
 head -c $((64 << 20)) /dev/urandom >"$WORK/up.bin"
 head -c $((32 << 20)) /dev/urandom >"$WORK/down.bin"
 
@@ -68,17 +66,17 @@ for mode in "${MODES[@]}"; do
             iperf3*) up_port=$iperf_port ;;
             curl*) up_port=$nginx_port ;;
             nc*)
-                up_port=$(free_port)
+                pick_port up_port
                 timeout 120 nc -N -l 127.0.0.1 "$up_port" <"$WORK/down.bin" >/dev/null &
-                PIDS+=($!)
+                OWN_PIDS+=($!)
                 wait_listening "$up_port" ;;
         esac
-        relay_port=$(free_port)
-        metrics_port=$(free_port)
+        pick_port relay_port
+        pick_port metrics_port
         "$BUILD/zcrelay" --listen "127.0.0.1:$relay_port" --upstream "127.0.0.1:$up_port" \
             --mode "$mode" --workers 2 --metrics "127.0.0.1:$metrics_port" >"$WORK/relay.log" 2>&1 &
         relay=$!
-        PIDS+=("$relay")
+        OWN_PIDS+=("$relay")
         for _ in $(seq 100); do grep -q 'zcrelay: ready' "$WORK/relay.log" && break; sleep 0.05; done
         case "$client" in
             "iperf3 upload") timeout 60 iperf3 -c 127.0.0.1 -p "$relay_port" -t "$RUN_SECONDS" >/dev/null ;;
@@ -96,6 +94,6 @@ for mode in "${MODES[@]}"; do
         user=$((copy + passed))
         share=$(python3 -c "print(f'{100 * $user / max($total, 1):.1f} %')")
         echo "| $mode | $client | $total | $user | $share | $promoted |"
-        kill "$relay"; wait "$relay" 2>/dev/null || true
+        kill "$relay"; wait_gone "$relay" 5 || kill -KILL "$relay"
     done
 done

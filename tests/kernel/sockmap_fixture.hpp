@@ -267,6 +267,20 @@ class SockmapTest : public ::testing::TestWithParam<Sockmap::Attach> {
         return pairs_.back().get();
     }
 
+    // Whether the program passed bytes for record `index` and then no more for 100 ms (within
+    // 10 s): the stall of a direction whose reader stopped, once its socket's buffer is full.
+    bool passingStopped(uint32_t index) {
+        uint64_t last = 0;
+        return test::waitUntil(
+            [&] {
+                uint64_t now = counters(index).passed;
+                bool same = now > 0 && now == last;
+                last = now;
+                return same;
+            },
+            10s, 100ms);
+    }
+
     Counters counters(uint32_t index) {
         zcr_sock_stats& r = map_->record(index);
         return {loadRelaxed(r.redirected), loadRelaxed(r.passed),   loadRelaxed(r.consumed),
