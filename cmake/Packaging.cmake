@@ -3,7 +3,8 @@
 #   cmake --install build --prefix DIR   DIR/bin/zcrelay (installed by proxy/CMakeLists.txt)
 #                                        DIR/etc/zcrelay/zcrelay.yaml: the example config
 #                                        DIR/lib/systemd/system/zcrelay.service
-#                                        DIR/share/zcrelay/examples/: config/*.yaml, the drop-in
+#                                        DIR/share/zcrelay/examples/: config/*.yaml, the drop-in,
+#                                        the socket unit
 #   cpack --config build/CPackConfig.cmake
 #                                        zcrelay_<version>_<arch>.deb: the same under /usr,
 #                                        except the config in /etc (a dpkg conffile)
@@ -16,6 +17,7 @@ set(ZCRELAY_EXAMPLES_DIR share/zcrelay/examples)
 file(GLOB zcrelay_example_configs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/config/*.yaml)
 install(FILES ${zcrelay_example_configs} DESTINATION ${ZCRELAY_EXAMPLES_DIR})
 install(FILES ${PROJECT_SOURCE_DIR}/deploy/systemd/zcrelay-sockmap.conf
+              ${PROJECT_SOURCE_DIR}/deploy/systemd/zcrelay.socket
         DESTINATION ${ZCRELAY_EXAMPLES_DIR}/systemd)
 
 # The config file and the unit are placed at install time, not configure time, because where

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -16,6 +17,7 @@ Acceptor::Acceptor(unsigned worker, std::vector<UniqueFd> fds, const Generations
                    ProcessShared& process, uint32_t max_conns, StatCounter& pauses)
     : worker_(worker),
       generations_(generations),
+      process_(process),
       max_conns_(max_conns),
       pauses_(pauses),
       admission_(process) {
@@ -255,7 +257,12 @@ void Acceptor::close(Listener& l) {
     // to the file; close() alone would leave it completing handshakes nobody accepts until
     // that reference goes (with DEFER_TASKRUN, when this ring next runs task work). The
     // armed accept then ends with an error; the cancel and close below release the rest.
-    ::shutdown(l.fd.get(), SHUT_RDWR);
+    // Not a socket systemd passed: shut down, it would stop listening for the service manager
+    // and the next process too, and connections that arrive while the relay restarts must
+    // wait in its queue instead.
+    const auto& passed = process_.passed_listeners;
+    if (std::find(passed.begin(), passed.end(), l.address) == passed.end())
+        ::shutdown(l.fd.get(), SHUT_RDWR);
     ring_->cancelAndClose(l.fd.release());
     l.closed = true;
 }

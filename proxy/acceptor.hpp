@@ -167,6 +167,7 @@ class Acceptor {
 
     const unsigned worker_;
     const Generations& generations_;
+    const ProcessShared& process_;  // passed_listeners
     const uint32_t max_conns_;
     StatCounter& pauses_;
     Ring* ring_ = nullptr;  // from start()

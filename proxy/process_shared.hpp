@@ -5,7 +5,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
+#include "address.hpp"
 #include "http_stats.hpp"
 #include "loop_guard.hpp"
 #include "signals.hpp"
@@ -31,6 +33,10 @@ struct ProcessShared {
     std::atomic<const Discovery*> discovery{nullptr};
     // Every worker's upstream sockets, for the accepts that come back from one of them.
     LoopGuard loops;
+    // Listen addresses whose socket systemd passed (socket activation): set at start, before any
+    // worker runs. Such a socket is the service manager's, kept across the relay's restarts, and
+    // is closed, never shut down (Acceptor::close).
+    std::vector<SocketAddress> passed_listeners;
 };
 
 }  // namespace zcrelay

@@ -1,5 +1,6 @@
 #include "server.hpp"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "listener.hpp"
 #include "log.hpp"
 #include "privileges.hpp"
+#include "socket_activation.hpp"
 
 namespace zcrelay {
 namespace {
@@ -23,15 +25,44 @@ constexpr uint64_t kMaxSockmapRecords = 1u << 21;
 
 namespace {
 
+// The socket systemd passed for `addr` (socket activation), taken out of `inherited`; an
+// invalid fd if none was passed for it.
+UniqueFd takeInherited(std::vector<InheritedSocket>& inherited, const SocketAddress& addr) {
+    for (InheritedSocket& s : inherited) {
+        if (s.fd && s.address == addr) return std::move(s.fd);
+    }
+    return UniqueFd();
+}
+
 // Binds, for every worker, one SO_REUSEPORT socket per listener in `which` (indices into
 // config.listeners). `bound` gets where each really listens (port 0 resolved once, shared by
-// all workers' sockets). fds[w][k] is worker w's socket for listener which[k].
+// all workers' sockets). fds[w][k] is worker w's socket for listener which[k]. A listener whose
+// address a socket in `inherited` has (systemd socket activation) takes that socket instead,
+// one fd of it per worker: the service manager keeps it open across restarts, which sockets of
+// the relay's own could not be.
 tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
-    const Config& config, const std::vector<size_t>& which, std::vector<SocketAddress>& bound) {
+    const Config& config, const std::vector<size_t>& which, std::vector<SocketAddress>& bound,
+    std::vector<InheritedSocket>& inherited, std::vector<SocketAddress>& passed_addresses) {
     std::vector<std::vector<UniqueFd>> fds(config.workers);
     for (size_t i : which) {
         const ListenerConfig& l = config.listeners[i];
         SocketAddress addr = l.listen;
+        if (UniqueFd passed = takeInherited(inherited, addr)) {
+            LOG_INFO("listener %s: listening on the socket systemd passed for %s (fd %d)",
+                     l.name.c_str(), addr.toString().c_str(), passed.get());
+            bound.push_back(addr);
+            passed_addresses.push_back(addr);
+            // Every worker accepts on the one socket: each accept SQE takes its own connection.
+            for (unsigned w = 1; w < config.workers; ++w) {
+                UniqueFd dup(::fcntl(passed.get(), F_DUPFD_CLOEXEC, 0));
+                if (!dup)
+                    return tl::unexpected("listener " + l.name +
+                                          ": dup of the passed socket: " + std::strerror(errno));
+                fds[w].push_back(std::move(dup));
+            }
+            fds[0].push_back(std::move(passed));
+            continue;
+        }
         for (unsigned w = 0; w < config.workers; ++w) {
             auto fd = openListener(addr);
             if (!fd) {
@@ -76,8 +107,18 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
     std::unique_ptr<Server> server(new Server());
     std::vector<size_t> all(config.listeners.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-    auto bound = bindListeners(config, all, server->bound_);
+    auto inherited = takeInheritedSockets();
+    if (!inherited) return tl::unexpected(inherited.error());
+    auto bound =
+        bindListeners(config, all, server->bound_, *inherited, server->process_.passed_listeners);
     if (!bound) return tl::unexpected(bound.error());
+    for (const InheritedSocket& s : *inherited) {
+        if (!s.fd) continue;
+        // Closed here: a socket no listener names would queue connections nobody accepts.
+        LOG_WARN("socket activation: no listener listens on %s (fd %d%s%s); closing it",
+                 s.address.toString().c_str(), s.fd.get(), s.name.empty() ? "" : ", name ",
+                 s.name.c_str());
+    }
     std::vector<std::vector<UniqueFd>> listen_fds = std::move(*bound);
     Config& cfg = config;
 
@@ -289,7 +330,10 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
         if (!found) fresh.push_back(i);
     }
     std::vector<SocketAddress> fresh_bound;
-    auto fds = bindListeners(config, fresh, fresh_bound);
+    // systemd's sockets were all taken (or closed) at start.
+    std::vector<InheritedSocket> no_inherited;
+    std::vector<SocketAddress> none_passed;
+    auto fds = bindListeners(config, fresh, fresh_bound, no_inherited, none_passed);
     if (!fds) return tl::unexpected(fds.error());
     for (size_t k = 0; k < fresh.size(); ++k) bound[fresh[k]] = fresh_bound[k];
 

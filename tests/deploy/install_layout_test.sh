@@ -29,6 +29,8 @@ done
 ((n >= 2)) || fail "only $n example configs in config/"
 cmp -s "$src/deploy/systemd/zcrelay-sockmap.conf" "$prefix/share/zcrelay/examples/systemd/zcrelay-sockmap.conf" ||
   fail "share/zcrelay/examples/systemd/zcrelay-sockmap.conf missing or different"
+cmp -s "$src/deploy/systemd/zcrelay.socket" "$prefix/share/zcrelay/examples/systemd/zcrelay.socket" ||
+  fail "share/zcrelay/examples/systemd/zcrelay.socket missing or different"
 
 # The unit, with the binary and config paths of this prefix (everything else as in the source).
 unit=$prefix/lib/systemd/system/zcrelay.service

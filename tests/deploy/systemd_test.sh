@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# deploy/systemd/zcrelay.service: `systemd-analyze verify` (alone and with the sockmap drop-in),
-# its hardening score, that its syscall filter lets io_uring through, and the settings the relay's
-# signals and fd budget depend on. verify checks that ExecStart's binary exists, so it runs on a
-# copy of the unit whose /usr/bin/zcrelay is the built binary; nothing else is changed.
+# deploy/systemd/zcrelay.service: `systemd-analyze verify` (alone, with the socket unit and with
+# the sockmap drop-in), its hardening score, that its syscall filter lets io_uring through, and
+# the settings the relay's signals and fd budget depend on. verify checks that ExecStart's binary
+# exists, so it runs on a copy of the unit whose /usr/bin/zcrelay is the built binary; nothing
+# else is changed.
 # Usage: systemd_test.sh ZCRELAY_BINARY SOURCE_DIR SCRATCH
 set -euo pipefail
 binary=$1 src=$2 scratch=$3
@@ -25,6 +26,11 @@ verify
 systemd-analyze security --offline=true --threshold=20 --no-pager "$unit" >"$scratch/security.txt" 2>&1 ||
   { cat "$scratch/security.txt"; fail "exposure above 2.0"; }
 grep -q 'CAP_BPF.*may not load BPF' "$scratch/security.txt" || fail "the unit alone may load BPF programs"
+
+# The socket unit beside it (socket activation): systemd pairs zcrelay.socket with zcrelay.service.
+cp "$src/deploy/systemd/zcrelay.socket" "$scratch/zcrelay.socket"
+out=$(systemd-analyze verify "$scratch/zcrelay.socket" 2>&1) || fail "systemd-analyze verify zcrelay.socket: $out"
+[[ -z $out ]] || fail "systemd-analyze verify zcrelay.socket warns: $out"
 
 # The sockmap drop-in, where systemd reads drop-ins: it adds to the capabilities and the filter.
 mkdir -p "$scratch/zcrelay.service.d"
