@@ -22,17 +22,20 @@ TEST_P(ConnectionMetricsTest, PathHalfCloseDurationAndProcessNumbers) {
     // Reads to EOF, then holds its side open until told: the connection stays half closed.
     std::atomic<bool> release{false};
     ScriptedUpstream up(AF_INET, [&](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
-                                     ScriptedUpstream&) {
-        std::string got;
-        rec.read_end = readUntilEof(fd.get(), got, Millis{30'000});
-        rec.bytes_received = got.size();
+                                     ScriptedUpstream& self) {
+        readToEof(fd, rec, stop, self, Millis{30'000});
         for (int i = 0; i < 3000 && !release.load() && !stop.load(); ++i)
             std::this_thread::sleep_for(Millis{10});
     });
     ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
     Connected client = connectClient();
     ASSERT_TRUE(client.fd) << client.error;
-    ASSERT_TRUE(sendPayload(client.fd.get(), kSeedA, kMiB).ok());
+    // Half, then the rest once the upstream has the first half: the relay has then read the
+    // client's socket empty at least once (splice_eagain below). Sent at once, the whole MiB
+    // and the FIN could all be queued before a busy relay's first read, which then never waits.
+    ASSERT_TRUE(sendPayloadAt(client.fd.get(), kSeedA, 0, kMiB / 2).ok());
+    ASSERT_TRUE(waitUntil([&] { return up.liveBytesReceived() >= kMiB / 2; }, Millis{10'000}));
+    ASSERT_TRUE(sendPayloadAt(client.fd.get(), kSeedA, kMiB / 2, kMiB / 2).ok());
     ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
     EXPECT_TRUE(relay_.waitForMetric("zcrelay_half_closed_connections", metric::listener(), 1));
     EXPECT_EQ(relay_.metric(metric::kBytesTotal,
