@@ -158,6 +158,9 @@ namespace zcrelay {
       "Pipes the process may hold (max_pipes); 0: never splice.")                                  \
     X(SockmapSockets, "zcrelay_sockmap_sockets", Gauge, (),                                        \
       "Sockets in the sockmap SOCKHASH now (two per connection).")                                 \
+    X(SockmapWakeupsLost, "zcrelay_sockmap_wakeups_lost_total", Counter, (),                       \
+      "Wake-ups the sockmap program could not write into a worker's full ring; the worker "        \
+      "then looked at every connection it relays.")                                                \
     X(AcceptPaused, "zcrelay_accept_paused_total", Counter, (),                                    \
       "Times a worker stopped accepting because the process or system ran out of fds.")            \
     X(SpliceEagain, "zcrelay_splice_eagain_total", Counter, ("direction", "cause"),                \

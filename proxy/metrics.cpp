@@ -508,6 +508,9 @@ class Collector : public prometheus::Collectable {
             case Metric::SockmapSockets:
                 f.add({}, workerSum([](const WS& w) { return w.sockmap_sockets.get(); }));
                 return true;
+            case Metric::SockmapWakeupsLost:
+                f.add({}, workerSum([](const WS& w) { return w.sockmap_wakeups_lost.get(); }));
+                return true;
             case Metric::AcceptPaused:
                 f.add({}, workerSum([](const WS& w) { return w.accept_paused.get(); }));
                 return true;

@@ -96,6 +96,7 @@ struct WorkerStats {
     StatCounter pipes_cached;     // gauge: empty pipes kept for reuse
     StatCounter accept_paused;    // accept stopped on EMFILE/ENFILE
     StatCounter sockmap_sockets;  // gauge: sockets this worker has in the SOCKHASH
+    StatCounter sockmap_wakeups_lost;  // the program's count for this worker's ring, copied
     std::array<StatCounter, idx(ZerocopySend::kCount)> zerocopy_sends;
     StatCounter copy_buffers_busy;  // gauge: BufRing::busy(), copied per loop
 };

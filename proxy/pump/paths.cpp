@@ -209,6 +209,7 @@ bool Paths::drainSignal() {
     uint64_t lost = sockmap_->wakeLost(worker_);
     bool all = lost != wake_lost_ || woken_overflow_;
     wake_lost_ = lost;
+    stats_.sockmap_wakeups_lost.set(lost);
     return all;
 }
 
