@@ -70,6 +70,14 @@ cleanup() {
     return 0
 }
 
+# scrape_sum PORT NAME [FILTER]: the sum of NAME's samples on 127.0.0.1:PORT/metrics whose series
+# matches FILTER (a regex such as 'path="copy"'; all when empty), as a whole number.
+scrape_sum() {
+    local port=$1 name=$2 filter=${3:-}
+    curl -s "http://127.0.0.1:$port/metrics" | awk -v n="$name" -v f="$filter" '
+        $1 ~ "^"n"[{ ]" || $1 == n { if (f == "" || $1 ~ f) s += $2 } END { printf "%.0f\n", s }'
+}
+
 # others_ticks -> OTHER_TICKS: how busy the rest of the machine was (bench/datapath.sh and
 # bench/discovery.sh report it beside their numbers): utime+stime+cutime+cstime summed over the user-space processes
 # that are not this script or its descendants. A process that exits inside the window moves its

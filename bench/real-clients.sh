@@ -31,12 +31,6 @@ done
 listening() { ss -Hltn "sport = :$1" | grep -q LISTEN; }
 wait_listening() { local i; for i in $(seq 100); do listening "$1" && return 0; sleep 0.05; done; return 1; }
 
-# Sum of a metric's samples whose labels contain all of FILTER (a regex per label pair).
-metric() {
-    local port=$1 name=$2 filter=${3:-}
-    curl -s "http://127.0.0.1:$port/metrics" | awk -v n="$name" -v f="$filter" '
-        $1 ~ "^"n"[{ ]" || $1 == n { if (f == "" || $1 ~ f) s += $2 } END { printf "%.0f\n", s }'
-}
 
 # Upstreams: an iperf3 server, nginx serving a 256 MiB sparse file, and nc started per run.
 pick_port iperf_port
@@ -85,12 +79,12 @@ for mode in "${MODES[@]}"; do
             nc*) timeout 120 nc -N 127.0.0.1 "$relay_port" <"$WORK/up.bin" >/dev/null ;;
         esac
         for _ in $(seq 100); do
-            [[ $(metric "$metrics_port" zcrelay_connections_active) == 0 ]] && break; sleep 0.05
+            [[ $(scrape_sum "$metrics_port" zcrelay_connections_active) == 0 ]] && break; sleep 0.05
         done
-        total=$(metric "$metrics_port" zcrelay_bytes_total)
-        copy=$(metric "$metrics_port" zcrelay_bytes_total 'path="copy"')
-        passed=$(metric "$metrics_port" zcrelay_sockmap_copied_bytes_total)
-        promoted=$(metric "$metrics_port" zcrelay_datapath_switches_total)
+        total=$(scrape_sum "$metrics_port" zcrelay_bytes_total)
+        copy=$(scrape_sum "$metrics_port" zcrelay_bytes_total 'path="copy"')
+        passed=$(scrape_sum "$metrics_port" zcrelay_sockmap_copied_bytes_total)
+        promoted=$(scrape_sum "$metrics_port" zcrelay_datapath_switches_total)
         user=$((copy + passed))
         share=$(python3 -c "print(f'{100 * $user / max($total, 1):.1f} %')")
         echo "| $mode | $client | $total | $user | $share | $promoted |"

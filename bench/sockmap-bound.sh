@@ -31,10 +31,6 @@ source "$SCRIPT_DIR/lib.sh"
 WORK=$(mktemp -d)
 trap cleanup EXIT
 
-metric() {
-    curl -s "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 ~ "^"n"[{ ]" || $1 == n { s += $2 }
-        END { printf "%.0f\n", s }'
-}
 tcp_mem_pages() { awk '/^TCP:/ { for (i = 1; i < NF; i++) if ($i == "mem") print $(i + 1) }' /proc/net/sockstat; }
 
 # start_relay SIZE UPSTREAM_PORT: RELAY, RELAY_PORT, METRICS_PORT.
@@ -78,8 +74,8 @@ for size in $SIZES; do
             --connect "127.0.0.1:$RELAY_PORT" --conns 1 --size-mib 100 --verify)
         python3 -c 'import json,sys; print(json.loads(sys.argv[1])["mb_per_s"])' "$line" >>"$WORK/mbps"
     done
-    total=$(metric "$METRICS_PORT" zcrelay_bytes_total)
-    passed=$(metric "$METRICS_PORT" zcrelay_sockmap_copied_bytes_total)
+    total=$(scrape_sum "$METRICS_PORT" zcrelay_bytes_total)
+    passed=$(scrape_sum "$METRICS_PORT" zcrelay_sockmap_copied_bytes_total)
     stop_relay
 
     start_relay "$size" "$holder_port"

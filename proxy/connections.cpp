@@ -411,11 +411,10 @@ void Connections::promoteToSockmap(Conn& c, uint32_t slot) {
     if (c.ending || c.dir[0].finished || c.dir[1].finished) return;
     const ListenerConfig& lc = listenerConfig(c);
     ListenerStats& s = lstats(c);
-    uint64_t live = s.accepted.get();
-    for (const StatCounter& closed : s.closed) live -= closed.get();
-    unsigned replaced = paths_.promote(PromoteRequest{slot, lc.pipe_size, c.fd, c.proxy_in,
-                                                      c.proxy_out, s, lc.auto_sockmap_max, live},
-                                       c.paths, c.dir[0].pump, c.dir[1].pump, pumps_.pipes);
+    unsigned replaced =
+        paths_.promote(PromoteRequest{slot, lc.pipe_size, c.fd, c.proxy_in, c.proxy_out, s,
+                                      lc.auto_sockmap_max, s.open()},
+                       c.paths, c.dir[0].pump, c.dir[1].pump, pumps_.pipes);
     for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
         if ((replaced & (1u << d)) == 0) continue;
         PumpPort p = port(c, slot, d);

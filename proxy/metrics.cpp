@@ -213,10 +213,7 @@ class Collector : public prometheus::Collectable {
                 return true;
             case Metric::ConnectionsActive:
                 perListener(s, [&](auto&, auto& name, auto& st) {
-                    double closed = 0;
-                    for (size_t r = 0; r < idx(CloseReason::kCount); ++r)
-                        closed += sumOf(st, [r](const LS& x) { return x.closed[r].get(); });
-                    f.add({name}, sumOf(st, [](const LS& x) { return x.accepted.get(); }) - closed);
+                    f.add({name}, sumOf(st, [](const LS& x) { return x.open(); }));
                 });
                 return true;
             case Metric::Bytes:

@@ -81,6 +81,13 @@ struct ListenerStats {
     // routes: inspections that matched no conditional route, and how long each took.
     std::array<StatCounter, idx(InspectFailure::kCount)> inspect_failures;
     UsHistogram<kInspectBuckets.size()> inspect_duration;
+
+    // Connections accepted and not yet closed (zcrelay_connections_active, per worker).
+    uint64_t open() const {
+        uint64_t n = accepted.get();
+        for (const StatCounter& c : closed) n -= c.get();
+        return n;
+    }
 };
 
 struct WorkerStats {

@@ -20,15 +20,14 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "support/bytes.hpp"
+#include "support/captured_streams.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 #include "units.hpp"
@@ -138,34 +137,22 @@ inline std::string tlv(uint8_t type, const std::string& value) {
 class Capture {
   public:
     ConnScript script() {
-        return [state = state_](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
-                                ScriptedUpstream&) {
+        return [streams = streams_](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                                    ScriptedUpstream&) {
             std::string got;
             rec.read_end = readUntilEof(fd.get(), got, kIo, kCaptureLimit, &stop);
             rec.bytes_received = rec.read_end.bytes;
             ::shutdown(fd.get(), SHUT_WR);
-            std::lock_guard lock(state->mu);
-            state->by_index[rec.index] = std::move(got);
+            streams->keep(rec.index, std::move(got));
         };
     }
     // The bytes of connection `index` once it ended, or nullopt (an ADD_FAILURE says why).
     std::optional<std::string> wait(ScriptedUpstream& up, size_t index) {
-        std::optional<ConnRecord> rec = up.waitForRecord(index, kIo);
-        if (!rec) {
-            ADD_FAILURE() << "backend connection " << index << " never ended";
-            return std::nullopt;
-        }
-        EXPECT_EQ(rec->read_end.status, IoStatus::Eof) << rec->describe();
-        std::lock_guard lock(state_->mu);
-        return state_->by_index[index];
+        return streams_->wait(up, index, kIo);
     }
 
   private:
-    struct State {
-        std::mutex mu;
-        std::map<size_t, std::string> by_index;
-    };
-    std::shared_ptr<State> state_ = std::make_shared<State>();
+    std::shared_ptr<CapturedStreams> streams_ = std::make_shared<CapturedStreams>();
 };
 
 // `got` must be `header` and then exactly `payload_bytes` of payload kSeed.

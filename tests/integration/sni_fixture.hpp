@@ -39,6 +39,7 @@
 
 #include "integration/sni_tls_peers.hpp"
 #include "support/bytes.hpp"
+#include "support/captured_streams.hpp"
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -103,24 +104,13 @@ class CaptureBackend {
     uint64_t liveBytes() const { return up_.liveBytesReceived(); }
     // The bytes connection `index` brought, once it ended (nullopt with an ADD_FAILURE if not).
     std::optional<std::string> bytes(size_t index) {
-        std::optional<ConnRecord> rec = up_.waitForRecord(index, kIo);
-        if (!rec) {
-            ADD_FAILURE() << name_ << ": backend connection " << index << " never ended";
-            return std::nullopt;
-        }
-        EXPECT_EQ(rec->read_end.status, IoStatus::Eof) << name_ << ": " << rec->describe();
-        std::lock_guard lock(state_->mu);
-        return state_->by_index[index];
+        return streams_->wait(up_, index, kIo, name_);
     }
 
   private:
-    struct State {
-        std::mutex mu;
-        std::map<size_t, std::string> by_index;
-    };
     ConnScript script() {
-        return [state = state_](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
-                                ScriptedUpstream& up) {
+        return [streams = streams_](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                                    ScriptedUpstream& up) {
             rec.write_end = writeAll(fd.get(), &kGreeting, 1, kIo, &stop);
             std::string got;
             rec.read_end = readStreamUntilEof(
@@ -133,14 +123,13 @@ class CaptureBackend {
                 kIo, &stop);
             rec.bytes_received = got.size();
             ::shutdown(fd.get(), SHUT_WR);
-            std::lock_guard lock(state->mu);
-            state->by_index[rec.index] = std::move(got);
+            streams->keep(rec.index, std::move(got));
         };
     }
 
     std::string name_;
-    std::shared_ptr<State> state_ = std::make_shared<State>();
-    ScriptedUpstream up_{AF_INET, script()};  // last: its threads use state_
+    std::shared_ptr<CapturedStreams> streams_ = std::make_shared<CapturedStreams>();
+    ScriptedUpstream up_{AF_INET, script()};  // last: its threads use streams_
 };
 
 struct ClusterAddrs {

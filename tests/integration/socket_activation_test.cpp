@@ -11,8 +11,6 @@
 #include <sys/socket.h>
 
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,23 +22,6 @@ namespace zcrelay::test::socket_activation_test {
 namespace {
 
 constexpr Millis kDeadline{10'000};
-
-// LISTEN sockets on 127.0.0.1:port, from /proc/net/tcp: one means nobody bound a second.
-int listeningSockets(uint16_t port) {
-    std::ifstream in("/proc/net/tcp");
-    std::string line;
-    std::getline(in, line);
-    char want[16];
-    std::snprintf(want, sizeof want, ":%04X", port);
-    int n = 0;
-    while (std::getline(in, line)) {
-        std::istringstream ls(line);
-        std::string slot, local, remote, state;
-        ls >> slot >> local >> remote >> state;
-        if (local == std::string("0100007F") + want && state == "0A") ++n;
-    }
-    return n;
-}
 
 // One short exchange through the relay: 8 bytes echoed. Empty, or what went wrong.
 std::string exchange(uint16_t port) {
@@ -90,7 +71,7 @@ TEST(SocketActivationTest, TheRelayListensOnTheSocketSystemdPasses) {
     EXPECT_EQ(first, "") << "the connection queued before the relay started";
     EXPECT_NE(relay.stderrText().find("listening on the socket systemd passed"), std::string::npos)
         << relay.stderrText();
-    EXPECT_EQ(listeningSockets(relay.port()), 1) << "the relay bound no socket of its own";
+    EXPECT_EQ(loopbackListeners4(relay.port()), 1) << "the relay bound no socket of its own";
     for (int i = 0; i < 20; ++i) EXPECT_EQ(exchange(relay.port()), "") << "exchange " << i;
 }
 
@@ -147,7 +128,7 @@ TEST(SocketActivationTest, ARestartUnderAKeptSocketRefusesNothing) {
     EXPECT_TRUE(second.waitForMetric(
         metric::kConnectionsTotal, metric::listener(), [](double v) { return v > 0; },
         "the second relay served connections"));
-    EXPECT_EQ(listeningSockets(kept.port), 1);
+    EXPECT_EQ(loopbackListeners4(kept.port), 1);
 }
 
 // Bad input from the manager: a passed fd that is no listening socket stops the start with an

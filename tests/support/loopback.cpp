@@ -689,19 +689,20 @@ size_t ScriptedUpstream::finished() const {
 
 // ---------------------------------------------------------------------------------------------
 
-bool listensOnLoopback4(uint16_t port) {
+int loopbackListeners4(uint16_t port) {
     std::ifstream in("/proc/net/tcp");
     std::string line;
     std::getline(in, line);  // header
     char want[16];
     std::snprintf(want, sizeof want, ":%04X", port);
+    int n = 0;
     while (std::getline(in, line)) {
         std::istringstream ls(line);
         std::string slot, local, remote, state;
         ls >> slot >> local >> remote >> state;
-        if (local == std::string("0100007F") + want && state == "0A") return true;
+        if (local == std::string("0100007F") + want && state == "0A") ++n;
     }
-    return false;
+    return n;
 }
 
 bool waitUntil(const std::function<bool()>& condition, Millis timeout, Millis interval) {

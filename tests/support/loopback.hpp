@@ -357,10 +357,11 @@ std::vector<Fd> openIdle(uint16_t port, size_t n);
 // How many of `fds` the peer has closed (EOF or RST), after waiting at most `timeout` for all.
 size_t closedByPeer(const std::vector<Fd>& fds, Millis timeout);
 
-// Whether 127.0.0.1:port is in LISTEN state, from /proc/net/tcp: for a program told a port
+// The sockets in LISTEN state on 127.0.0.1:port, from /proc/net/tcp: for a program told a port
 // (nc, iperf3, nginx) that serves one connection or counts them, where a connect() to probe it
-// would take its place.
-bool listensOnLoopback4(uint16_t port);
+// would take its place; and to count who listens there.
+int loopbackListeners4(uint16_t port);
+inline bool listensOnLoopback4(uint16_t port) { return loopbackListeners4(port) > 0; }
 
 // Polls `condition` every `interval` until it is true or `timeout` passes. Returns its last value.
 bool waitUntil(const std::function<bool()>& condition, Millis timeout,
