@@ -19,22 +19,29 @@
 namespace zcrelay::test::discovery_test {
 namespace {
 
+// Connects through the relay and reads the tag its backend sends first; an invalid Fd with
+// `error` set if either fails.
+Fd connectTagged(const std::string& host, uint16_t port, char& tag, std::string& error) {
+    Connected c = connectTo(host, port, Millis{10'000});
+    if (!c.fd) {
+        error = "connect: " + c.error;
+        return Fd{};
+    }
+    IoResult r = readExactly(c.fd.get(), &tag, 1, Millis{10'000});
+    if (!r.ok()) {
+        error = "no tag: " + r.describe();
+        return Fd{};
+    }
+    return std::move(c.fd);
+}
+
 // A long-lived connection: 4 KiB there and back every ~50 ms, each echo checked byte-exact,
 // until finish(), which sends our FIN and expects the relay's.
 class LongLived {
   public:
     LongLived(const std::string& host, uint16_t port, uint64_t seed) : seed_(seed) {
-        Connected c = connectTo(host, port, Millis{10'000});
-        if (!c.fd) {
-            error_ = "connect: " + c.error;
-            return;
-        }
-        IoResult r = readExactly(c.fd.get(), &tag_, 1, Millis{10'000});
-        if (!r.ok()) {
-            error_ = "no tag: " + r.describe();
-            return;
-        }
-        fd_ = std::move(c.fd);
+        fd_ = connectTagged(host, port, tag_, error_);
+        if (!fd_) return;
         thread_ = std::thread([this] { run(); });
     }
     ~LongLived() {
@@ -98,17 +105,8 @@ class LongTransfer {
   public:
     LongTransfer(const std::string& host, uint16_t port, uint64_t seed)
         : seed_(seed), verifier_(seed) {
-        Connected c = connectTo(host, port, Millis{10'000});
-        if (!c.fd) {
-            error_ = "connect: " + c.error;
-            return;
-        }
-        IoResult r = readExactly(c.fd.get(), &tag_, 1, Millis{10'000});
-        if (!r.ok()) {
-            error_ = "no tag: " + r.describe();
-            return;
-        }
-        fd_ = std::move(c.fd);
+        fd_ = connectTagged(host, port, tag_, error_);
+        if (!fd_) return;
         reader_ = std::thread([this] {
             read_ = readStreamUntilEof(
                 fd_.get(), [this](std::span<const uint8_t> d) { verifier_.update(d); },
