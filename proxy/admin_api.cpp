@@ -99,8 +99,8 @@ std::string backendJson(const BackendRt& b) {
 }  // namespace
 
 tl::expected<std::unique_ptr<AdminApi>, std::string> AdminApi::start(const AdminConfig& config,
-                                                                     Hooks hooks,
-                                                                     AdminStats& stats) {
+                                                                     Hooks hooks, AdminStats& stats,
+                                                                     UniqueFd adopted) {
     std::string token;
     if (!config.token_file.empty()) {
         auto read = readToken(config.token_file);
@@ -120,8 +120,8 @@ tl::expected<std::unique_ptr<AdminApi>, std::string> AdminApi::start(const Admin
                       .prefix = true,
                       .methods = {"GET", "HEAD", "POST", "PUT"},
                       .max_body = kMaxBody});
-    auto server =
-        HttpServer::start("admin API", config.listen, limits, std::move(routes), stats.http);
+    auto server = HttpServer::start("admin API", config.listen, limits, std::move(routes),
+                                    stats.http, std::move(adopted));
     if (!server) return tl::unexpected("admin.listen: " + server.error());
     api->server_ = std::move(*server);
     LOG_INFO("admin API on %s%s", api->server_->address().toString().c_str(),

@@ -81,13 +81,15 @@ class AdminApi {
 
     // Reads the token file (its first line without the spaces and tabs around it; one empty
     // after that, or holding a control byte, is refused) and starts the server.
-    static tl::expected<std::unique_ptr<AdminApi>, std::string> start(const AdminConfig& config,
-                                                                      Hooks hooks,
-                                                                      AdminStats& stats);
+    static tl::expected<std::unique_ptr<AdminApi>, std::string> start(
+        const AdminConfig& config, Hooks hooks, AdminStats& stats, UniqueFd adopted = UniqueFd());
     // Answers one request as the server would: the tests call it directly too.
     HttpReply handle(const HttpRequest& request);
     // Where it listens (port 0 resolved, or the unix path).
     const SocketAddress& address() const { return server_->address(); }
+    // For the next relay (takeover.hpp): its listening socket, and the end of serving on it.
+    int listenFd() const { return server_->listenFd(); }
+    void handOver() { server_->handOver(); }
 
   private:
     AdminApi(Hooks hooks, std::string token, AdminStats& stats)

@@ -15,12 +15,12 @@
 #include <cstring>
 #include <utility>
 
-#include "file_kind.hpp"
 #include "http_server_internal.hpp"
 #include "listener.hpp"
 #include "log.hpp"
 #include "result.hpp"
 #include "unique_fd.hpp"
+#include "unix_path.hpp"
 
 namespace zcrelay {
 
@@ -31,48 +31,11 @@ namespace {
 // after matching). It also leaves query arguments undecoded, which nothing here reads.
 size_t keepEscaped(void*, MHD_Connection*, char* s) { return std::strlen(s); }
 
-// Makes way for a unix socket at `path`: nothing there, or a stale socket (one nobody listens
-// on: connect() is refused), which is removed. Anything else is refused and left as it is: a
-// regular file or a directory (a typo in the config must not delete data), a symlink (lstat:
-// never followed), a socket another server listens on (its clients would be cut off silently).
-tl::expected<void, std::string> clearUnixPath(const SocketAddress& listen,
-                                              const std::string& path) {
-    const std::string where = listen.toString();
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) < 0) {
-        if (errno == ENOENT) return {};
-        const std::string why = errnoText("lstat");
-        return tl::unexpected(where + ": " + why);
-    }
-    if (!S_ISSOCK(st.st_mode))
-        return tl::unexpected(where + ": " + path + " exists and is " + fileKind(st.st_mode) +
-                              ", not a socket; refusing to remove it");
-    UniqueFd probe(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-    if (!probe) {
-        const std::string why = errnoText("socket");
-        return tl::unexpected(where + ": " + why);
-    }
-    const int connected = ::connect(probe.get(), listen.sockaddrPtr(), listen.length);
-    const int err = errno;
-    // Accepted, or queued behind a full backlog: someone listens.
-    if (connected == 0 || err == EAGAIN)
-        return tl::unexpected(where + ": " + path +
-                              " is a socket another server is listening on; not removing it");
-    if (err != ECONNREFUSED && err != ENOENT)
-        return tl::unexpected(where + ": cannot tell whether the socket " + path + " is in use (" +
-                              errnoText("connect", err) + "); not removing it");
-    if (::unlink(path.c_str()) < 0 && errno != ENOENT) {
-        const std::string why = errnoText("unlink");
-        return tl::unexpected(where + ": removing the stale socket " + path + ": " + why);
-    }
-    return {};
-}
-
 }  // namespace
 
 tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
     const std::string& name, const SocketAddress& listen, const HttpLimits& limits,
-    std::vector<HttpRoute> routes, HttpStats& stats) {
+    std::vector<HttpRoute> routes, HttpStats& stats, UniqueFd adopted) {
     for (const HttpRoute& r : routes)
         if (!r.handler) return tl::unexpected("the route " + r.path + " has no handler");
     const bool unix_socket = listen.family() == AF_UNIX;
@@ -90,7 +53,21 @@ tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
             if (!path.empty()) ::unlink(path.c_str());
         }
     } remove_on_failure{unix_path};
-    if (!unix_socket) {
+    if (adopted) {
+        // Listening already, in the relay this one took over from: nothing to bind. The socket
+        // file is the same one (the kernel keeps one socket for both fds), removed by whichever
+        // relay stops last owning it: this one, once the other has handed it over.
+        fd = std::move(adopted);
+        if (unix_socket) {
+            const auto& sun = *reinterpret_cast<const sockaddr_un*>(&listen.storage);
+            unix_path.assign(sun.sun_path, ::strnlen(sun.sun_path, sizeof sun.sun_path));
+            if (::lstat(unix_path.c_str(), &unix_file) < 0) unix_path.clear();
+        } else {
+            auto bound = boundAddress(fd.get());
+            if (!bound) return tl::unexpected(bound.error().message());
+            bound_address = *bound;
+        }
+    } else if (!unix_socket) {
         fd = UniqueFd(::socket(listen.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
         if (!fd) return tl::unexpected(std::string("socket: ") + std::strerror(errno));
         int one = 1;
@@ -176,12 +153,20 @@ tl::expected<std::unique_ptr<HttpServer>, std::string> HttpServer::start(
         MHD_OPTION_END);
     if (server->daemon_ == nullptr)
         return tl::unexpected(std::string("libmicrohttpd did not start"));
-    fd.release();  // the daemon closes it
+    server->listen_fd_ = fd.release();  // the daemon closes it
     server->thread_ = std::thread([s = server.get()] { s->run(); });
     return server;
 }
 
+void HttpServer::handOver() {
+    handing_over_.store(true);
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
+    (void)ignored;
+}
+
 HttpServer::~HttpServer() {
+    stopping_.store(true);
     if (thread_.joinable()) {
         const uint64_t one = 1;
         ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
@@ -199,6 +184,18 @@ HttpServer::~HttpServer() {
         ::unlink(unix_path_.c_str());
 }
 
+void HttpServer::quiesce() {
+    // Out of libmicrohttpd's epoll set, and ours to close: the next relay holds the socket by
+    // its own fd, so this close ends nothing but this process's share. No shutdown(): that
+    // would stop the socket for both.
+    const MHD_socket fd = MHD_quiesce_daemon(daemon_);
+    if (fd != MHD_INVALID_SOCKET) ::close(fd);
+    listen_fd_ = -1;
+    unix_path_.clear();  // the next relay removes the file when it stops
+    LOG_INFO("%s: handed over %s; answering the connections already open", name_.c_str(),
+             address_.toString().c_str());
+}
+
 void HttpServer::run() {
     setLogThreadName("http");
     // One epoll set over libmicrohttpd's (listening socket and connections) and the stop
@@ -214,8 +211,14 @@ void HttpServer::run() {
     for (;;) {
         epoll_event ready[2];
         const int n = ::epoll_wait(ep.get(), ready, 2, nextWakeMs(monotonicMs()));
-        for (int i = 0; i < n; ++i)
-            if (ready[i].data.fd == wake_fd_) return;
+        for (int i = 0; i < n; ++i) {
+            if (ready[i].data.fd != wake_fd_) continue;
+            if (stopping_.load()) return;
+            uint64_t value = 0;
+            ssize_t ignored = ::read(wake_fd_, &value, sizeof value);
+            (void)ignored;
+            if (handing_over_.exchange(false) && listen_fd_ >= 0) quiesce();
+        }
         MHD_run(daemon_);
         const int64_t now = monotonicMs();
         sweep(now);

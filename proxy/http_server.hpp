@@ -37,6 +37,7 @@
 #include <sys/types.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -49,6 +50,7 @@
 
 #include "address.hpp"
 #include "http_stats.hpp"
+#include "unique_fd.hpp"
 #include "units.hpp"
 
 struct MHD_Daemon;
@@ -109,15 +111,24 @@ class HttpServer {
     // use) is refused, untouched. The socket file is made 0660 before it listens, and removed
     // when the server stops (if it is still ours). `name` prefixes its log lines ("metrics
     // endpoint"). The error names the step that failed and the path or address.
+    // `adopted`: a socket already listening on `listen`, handed over by the relay this one took
+    // over from (takeover.hpp): served as it is, nothing bound; its unix socket file, if any, is
+    // this server's to remove from then on.
     static tl::expected<std::unique_ptr<HttpServer>, std::string> start(
         const std::string& name, const SocketAddress& listen, const HttpLimits& limits,
-        std::vector<HttpRoute> routes, HttpStats& stats);
+        std::vector<HttpRoute> routes, HttpStats& stats, UniqueFd adopted = UniqueFd());
     ~HttpServer();  // stops the thread and closes every connection
     HttpServer(const HttpServer&) = delete;
     HttpServer& operator=(const HttpServer&) = delete;
 
     // Where it listens (port 0 resolved).
     const SocketAddress& address() const { return address_; }
+    // The listening socket, to pass to the next relay (a dup of it): valid until handOver().
+    int listenFd() const { return listen_fd_; }
+    // The next relay listens on the socket now: this one stops accepting (libmicrohttpd's
+    // quiesce, on the server's thread), answers the connections it has, and leaves the socket
+    // file to its new owner. Returns at once; any thread.
+    void handOver();
 
   private:
     struct Client;     // one connection's deadline and phase (http_server_internal.hpp)
@@ -130,6 +141,8 @@ class HttpServer {
     // Whether any route takes `method` (a path no route serves is 404 then, else 405).
     bool anyRouteTakes(std::string_view method) const;
     void run();
+    // handOver()'s work, on the server's thread (libmicrohttpd is not thread-safe).
+    void quiesce();
     int nextWakeMs(int64_t now_ms) const;
     void sweep(int64_t now_ms);
     void evictFor(const Client& newcomer);
@@ -155,7 +168,10 @@ class HttpServer {
     std::list<Client> clients_;
     uint32_t open_ = 0;  // clients_ not yet shut down by us
     MHD_Daemon* daemon_ = nullptr;
-    int wake_fd_ = -1;  // eventfd: the destructor's stop request
+    int wake_fd_ = -1;  // eventfd: a stop (the destructor's) or a handOver() request
+    std::atomic<bool> stopping_{false};
+    std::atomic<bool> handing_over_{false};
+    int listen_fd_ = -1;  // owned by libmicrohttpd until the hand-over
     // What the rate-limited log line has reported so far.
     std::array<uint64_t, idx(HttpReject::kCount)> reported_{};
     int64_t last_report_ms_ = 0;

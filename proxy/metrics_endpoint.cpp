@@ -16,8 +16,8 @@ HttpReply check(const std::function<std::string()>& probe, int bad_status, const
 
 tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> MetricsEndpoint::start(
     const MetricsConfig& config, std::shared_ptr<prometheus::Collectable> metrics,
-    std::function<std::string()> unhealthy, std::function<std::string()> unready,
-    HttpStats& stats) {
+    std::function<std::string()> unhealthy, std::function<std::string()> unready, HttpStats& stats,
+    UniqueFd adopted_metrics, UniqueFd adopted_health) {
     const HttpLimits limits{config.request_timeout, config.max_connections,
                             config.max_request_size};
     std::vector<HttpRoute> probes = {
@@ -30,14 +30,14 @@ tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> MetricsEndpoint::sta
                                         prometheus::TextSerializer().Serialize(metrics->Collect())};
                    }});
     std::unique_ptr<MetricsEndpoint> endpoint(new MetricsEndpoint());
-    auto served =
-        HttpServer::start("metrics endpoint", config.listen, limits, std::move(all), stats);
+    auto served = HttpServer::start("metrics endpoint", config.listen, limits, std::move(all),
+                                    stats, std::move(adopted_metrics));
     if (!served)
         return tl::unexpected("metrics " + config.listen.toString() + ": " + served.error());
     endpoint->metrics_ = std::move(*served);
     if (config.health_listen.length != 0) {
         auto health = HttpServer::start("health endpoint", config.health_listen, limits,
-                                        std::move(probes), stats);
+                                        std::move(probes), stats, std::move(adopted_health));
         if (!health)
             return tl::unexpected("metrics.health_listen " + config.health_listen.toString() +
                                   ": " + health.error());

@@ -29,11 +29,20 @@ class MetricsEndpoint {
     static tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> start(
         const MetricsConfig& config, std::shared_ptr<prometheus::Collectable> metrics,
         std::function<std::string()> unhealthy, std::function<std::string()> unready,
-        HttpStats& stats);
+        HttpStats& stats, UniqueFd adopted_metrics = UniqueFd(),
+        UniqueFd adopted_health = UniqueFd());
 
     uint16_t port() const { return metrics_->address().port(); }
     // 0 without health_listen.
     uint16_t healthPort() const { return health_ ? health_->address().port() : 0; }
+    // The listening sockets, for the next relay (takeover.hpp); -1 without health_listen.
+    int listenFd() const { return metrics_->listenFd(); }
+    int healthListenFd() const { return health_ ? health_->listenFd() : -1; }
+    // The next relay serves both addresses now: this process stops accepting on them.
+    void handOver() {
+        metrics_->handOver();
+        if (health_) health_->handOver();
+    }
 
   private:
     MetricsEndpoint() = default;
