@@ -1,0 +1,380 @@
+#include "takeover.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "clock.hpp"
+#include "log.hpp"
+#include "result.hpp"
+#include "takeover_wire.hpp"
+#include "unix_path.hpp"
+
+namespace zcrelay::takeover {
+namespace {
+
+// A taker says HELLO at once, and a giver offers at once: seconds mean one of them is stuck.
+constexpr int64_t kStepMs = 5000;
+// After READY, the giver's DONE comes within one round trip of its workers (they close their
+// listeners): past this the taker serves on without it.
+constexpr int64_t kDoneMs = 10000;
+
+std::string ourRelease() { return ZCRELAY_VERSION; }
+
+std::string versionList() { return std::to_string(kVersion); }
+
+bool speaks(const std::string& versions, unsigned version) {
+    size_t at = 0;
+    while (at <= versions.size()) {
+        size_t comma = versions.find(',', at);
+        if (comma == std::string::npos) comma = versions.size();
+        if (versions.substr(at, comma - at) == std::to_string(version)) return true;
+        at = comma + 1;
+    }
+    return false;
+}
+
+pid_t pidOf(const Message& m) {
+    const std::string text = m.get("pid");
+    char* end = nullptr;
+    const long v = std::strtol(text.c_str(), &end, 10);
+    return text.empty() || *end != '\0' || v <= 0 ? 0 : static_cast<pid_t>(v);
+}
+
+int intOption(int fd, int name) {
+    int v = -1;
+    socklen_t len = sizeof v;
+    return ::getsockopt(fd, SOL_SOCKET, name, &v, &len) == 0 ? v : -1;
+}
+
+// A SOCKET message as a HandedSocket, checked: a listening stream socket of the family its
+// address says. The error names the message.
+tl::expected<HandedSocket, std::string> handedFrom(Message& m) {
+    HandedSocket s;
+    s.kind = m.get("kind");
+    s.name = m.get("name");
+    const std::string what = "SOCKET kind=" + s.kind + (s.name.empty() ? "" : " name=" + s.name);
+    if (s.kind != "listener" && s.kind != "metrics" && s.kind != "health" && s.kind != "admin" &&
+        s.kind != "takeover")
+        return tl::unexpected(what + ": an unknown kind");
+    auto listen = parseAddress(m.get("listen"));
+    auto bound = parseAddress(m.get("bound"));
+    if (!listen || !bound) return tl::unexpected(what + ": a bad address");
+    s.listen = *listen;
+    s.bound = *bound;
+    if (!m.fd) return tl::unexpected(what + ": no fd came with it");
+    // The takeover socket is the one SOCK_SEQPACKET among them (takeover_wire.hpp).
+    const int type = s.kind == "takeover" ? SOCK_SEQPACKET : SOCK_STREAM;
+    if (intOption(m.fd.get(), SO_ACCEPTCONN) != 1 || intOption(m.fd.get(), SO_TYPE) != type ||
+        intOption(m.fd.get(), SO_DOMAIN) != s.bound.family())
+        return tl::unexpected(what + ": the fd is not a socket listening on " + s.bound.toString());
+    s.fd = std::move(m.fd);
+    s.systemd = m.get("held") == "systemd";
+    return s;
+}
+
+}  // namespace
+
+// ---- the taker -------------------------------------------------------------------------------
+
+tl::expected<UniqueFd, TakeError> connectTo(const std::string& path) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) return tl::unexpected(TakeError{TakeError::Unreachable, errnoText("socket"), {}, 0});
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    if (path.size() >= sizeof sun.sun_path)
+        return tl::unexpected(TakeError{TakeError::Unreachable, path + ": too long", {}, 0});
+    std::memcpy(sun.sun_path, path.data(), path.size());
+    // A unix connect() never waits for the other side to accept: it completes, or fails (a full
+    // backlog: EAGAIN), at once.
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sun), sizeof sun) < 0)
+        return tl::unexpected(
+            TakeError{TakeError::Unreachable, errnoText("connect " + path), {}, 0});
+    return fd;
+}
+
+tl::expected<Taken, TakeError> take(UniqueFd channel) {
+    Taken taken;
+    taken.started_us = monotonicUs();
+    auto broken = [&](std::string why) {
+        return tl::unexpected(
+            TakeError{TakeError::Broken, std::move(why), std::move(taken.sockets), taken.giver});
+    };
+    Message hello("HELLO");
+    hello.set("versions", versionList())
+        .set("pid", std::to_string(::getpid()))
+        .set("release", ourRelease());
+    if (auto sent = send(channel.get(), hello, monotonicMs() + kStepMs); !sent)
+        return tl::unexpected(
+            TakeError{TakeError::Unreachable, "saying HELLO: " + sent.error(), {}, 0});
+    auto offer = receive(channel.get(), monotonicMs() + kStepMs);
+    if (!offer) return broken("waiting for the OFFER: " + offer.error());
+    taken.giver = pidOf(*offer);
+    if (offer->verb == "REFUSE") {
+        const std::string code = offer->get("code");
+        const std::string why = "pid " + std::to_string(taken.giver) +
+                                " refused: " + offer->get("reason") + " (" + code + ")";
+        const TakeError::Kind kind = code == "version"    ? TakeError::Version
+                                     : code == "draining" ? TakeError::Draining
+                                                          : TakeError::Refused;
+        return tl::unexpected(TakeError{kind, why, {}, taken.giver});
+    }
+    if (offer->verb != "OFFER") return broken("expected OFFER, got " + offer->line());
+    if (offer->get("version") != std::to_string(kVersion))
+        return tl::unexpected(TakeError{TakeError::Version,
+                                        "pid " + std::to_string(taken.giver) +
+                                            " offered protocol version " + offer->get("version") +
+                                            ", this binary speaks " + versionList(),
+                                        {},
+                                        taken.giver});
+    taken.giver_release = offer->get("release");
+    for (;;) {
+        auto m = receive(channel.get(), monotonicMs() + kStepMs);
+        if (!m)
+            return broken("after " + std::to_string(taken.sockets.size()) +
+                          " sockets: " + m.error());
+        if (m->verb == "END") break;
+        if (m->verb != "SOCKET") return broken("expected SOCKET or END, got " + m->line());
+        auto s = handedFrom(*m);
+        if (!s) return broken(s.error());
+        taken.sockets.push_back(std::move(*s));
+    }
+    taken.channel = std::move(channel);
+    taken.count = taken.sockets.size();
+    return taken;
+}
+
+std::string sayReady(Taken& taken) {
+    Message ready("READY");
+    ready.set("pid", std::to_string(::getpid()));
+    if (auto sent = send(taken.channel.get(), ready, monotonicMs() + kStepMs); !sent)
+        return "pid " + std::to_string(taken.giver) + " did not hear READY (" + sent.error() +
+               "); serving on the sockets it passed";
+    auto done = receive(taken.channel.get(), monotonicMs() + kDoneMs);
+    const double ms = static_cast<double>(monotonicUs() - taken.started_us) / 1000.0;
+    char line[256];
+    if (!done || done->verb != "DONE") {
+        std::snprintf(line, sizeof line,
+                      "took %zu sockets over from pid %d (zcrelay %s); it did not confirm it "
+                      "stopped accepting (%s)",
+                      taken.count, static_cast<int>(taken.giver), taken.giver_release.c_str(),
+                      done ? done->line().c_str() : done.error().c_str());
+        return line;
+    }
+    std::snprintf(line, sizeof line,
+                  "took %zu sockets (%s listeners) over from pid %d (zcrelay %s) in %.1f ms; it "
+                  "drains its connections",
+                  taken.count, done->get("listeners").c_str(), static_cast<int>(taken.giver),
+                  taken.giver_release.c_str(), ms);
+    return line;
+}
+
+void sayAborted(Taken& taken, const std::string& why) {
+    Message abort("ABORT");
+    abort.set("reason", why);
+    (void)send(taken.channel.get(), abort, monotonicMs() + kStepMs);
+}
+
+// ---- the giver -------------------------------------------------------------------------------
+
+tl::expected<UniqueFd, std::string> listenTakeover(const std::string& path, bool replace_live) {
+    auto bound = listenUnix(path, SOCK_SEQPACKET, 0600, replace_live);
+    if (!bound) return tl::unexpected("takeover_socket " + path + ": " + bound.error());
+    return bound;
+}
+
+tl::expected<std::unique_ptr<Giver>, std::string> Giver::start(UnixFile file, UniqueFd listening,
+                                                               Hooks hooks) {
+    std::unique_ptr<Giver> giver(
+        new Giver(std::move(file), std::move(listening), std::move(hooks)));
+    if (!giver->wake_) return tl::unexpected(errnoText("takeover: eventfd"));
+    giver->thread_ = std::thread([g = giver.get()] { g->run(); });
+    return giver;
+}
+
+Giver::Giver(UnixFile file, UniqueFd listen, Hooks hooks)
+    : file_(std::move(file)),
+      listen_(std::move(listen)),
+      hooks_(std::move(hooks)),
+      wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
+
+Giver::~Giver() {
+    stopping_.store(true);
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
+    (void)ignored;
+    if (thread_.joinable()) thread_.join();
+    // The socket file stays for the relay that took it over; otherwise it goes with us.
+    if (!handed_over_.load()) file_.removeIfSame();
+}
+
+void Giver::addChannel(UniqueFd channel, pid_t child) {
+    {
+        std::lock_guard lock(channels_mutex_);
+        channels_.emplace_back(std::move(channel), child);
+    }
+    const uint64_t one = 1;
+    ssize_t ignored = ::write(wake_.get(), &one, sizeof one);
+    (void)ignored;
+}
+
+UniqueFd Giver::takeChannel(pid_t& child) {
+    std::lock_guard lock(channels_mutex_);
+    if (channels_.empty()) return UniqueFd();
+    UniqueFd fd = std::move(channels_.front().first);
+    child = channels_.front().second;
+    channels_.erase(channels_.begin());
+    return fd;
+}
+
+void Giver::run() {
+    setLogThreadName("takeover");
+    while (!stopping_.load() && !handed_over_.load()) {
+        pollfd p[2] = {{wake_.get(), POLLIN, 0}, {listen_ ? listen_.get() : -1, POLLIN, 0}};
+        const int n = ::poll(p, 2, -1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            LOG_ERROR("takeover: poll: %s; no more takeovers from this process", strerror(errno));
+            return;
+        }
+        if (p[0].revents) {
+            uint64_t v = 0;
+            ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
+            (void)ignored;
+        }
+        pid_t child = 0;
+        while (UniqueFd channel = takeChannel(child)) {
+            if (stopping_.load() || handed_over_.load()) break;
+            converse(std::move(channel), "the SIGUSR2 child pid " + std::to_string(child));
+        }
+        if (!(p[1].revents & POLLIN) || handed_over_.load()) continue;
+        UniqueFd peer(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!peer) continue;
+        // The listening sockets are the relay's to give: to its own user, or root, only.
+        ucred cred{};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(peer.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
+            (cred.uid != 0 && cred.uid != ::geteuid())) {
+            (void)receive(peer.get(), monotonicMs() + 1000);  // its HELLO
+            LOG_WARN("takeover: refused pid %d (uid %u): only uid %u or root may take over",
+                     static_cast<int>(cred.pid), cred.uid, ::geteuid());
+            Message no("REFUSE");
+            no.set("code", "denied")
+                .set("reason", "not the relay's user")
+                .set("pid", std::to_string(::getpid()));
+            (void)send(peer.get(), no, monotonicMs() + kStepMs);
+            hooks_.count("refused");
+            continue;
+        }
+        converse(std::move(peer), "pid " + std::to_string(cred.pid));
+    }
+}
+
+void Giver::refuseWaiting(const std::string& under_way) {
+    if (!listen_) return;
+    for (;;) {
+        UniqueFd peer(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!peer) return;
+        (void)receive(peer.get(), monotonicMs() + 1000);  // its HELLO, read before the close
+        Message no("REFUSE");
+        no.set("code", "busy")
+            .set("reason", "a takeover by " + under_way + " is under way")
+            .set("pid", std::to_string(::getpid()));
+        (void)send(peer.get(), no, monotonicMs() + 1000);
+        LOG_WARN("takeover: refused a second taker while %s takes over", under_way.c_str());
+        hooks_.count("refused");
+    }
+}
+
+void Giver::converse(UniqueFd channel, const std::string& from) {
+    const int64_t started_us = monotonicUs();
+    const std::string self = std::to_string(::getpid());
+    auto refuse = [&](const char* code, const std::string& reason) {
+        Message no("REFUSE");
+        no.set("code", code).set("reason", reason).set("pid", self).set("versions", versionList());
+        (void)send(channel.get(), no, monotonicMs() + kStepMs);
+        LOG_WARN("takeover: refused %s: %s", from.c_str(), reason.c_str());
+        hooks_.count("refused");
+    };
+    auto hello = receive(channel.get(), monotonicMs() + kStepMs);
+    if (!hello || hello->verb != "HELLO") {
+        // A SIGUSR2 child whose config did not load dies here, before a word.
+        LOG_WARN("takeover: %s said no HELLO (%s); this relay serves on", from.c_str(),
+                 hello ? hello->line().c_str() : hello.error().c_str());
+        hooks_.count("failed");
+        return;
+    }
+    const std::string who = from + " (zcrelay " + hello->get("release") + ")";
+    if (!speaks(hello->get("versions"), kVersion))
+        return refuse("version", "it speaks protocol versions " + hello->get("versions") +
+                                     ", this relay " + versionList());
+    if (std::string why = hooks_.refusal(); !why.empty()) return refuse("draining", why);
+
+    std::vector<HandedSocket> sockets = hooks_.offer();
+    Message offer("OFFER");
+    offer.set("version", std::to_string(kVersion))
+        .set("pid", self)
+        .set("release", ourRelease())
+        .set("sockets", std::to_string(sockets.size()));
+    auto failed = [&](const std::string& why) {
+        LOG_WARN("takeover by %s failed: %s; this relay serves on", who.c_str(), why.c_str());
+        hooks_.count("failed");
+    };
+    if (auto sent = send(channel.get(), offer, monotonicMs() + kStepMs); !sent)
+        return failed(sent.error());
+    for (HandedSocket& s : sockets) {
+        Message m("SOCKET");
+        m.set("kind", s.kind).set("listen", s.listen.toString()).set("bound", s.bound.toString());
+        if (!s.name.empty()) m.set("name", s.name);
+        if (s.systemd) m.set("held", "systemd");
+        m.fd = std::move(s.fd);
+        if (auto sent = send(channel.get(), m, monotonicMs() + kStepMs); !sent)
+            return failed(sent.error());
+    }
+    if (auto sent = send(channel.get(), Message("END"), monotonicMs() + kStepMs); !sent)
+        return failed(sent.error());
+    LOG_INFO("takeover: passed %zu sockets to %s; serving until it is ready", sockets.size(),
+             who.c_str());
+
+    // The taker starts now: discovery's first answers, the sockmap program, its workers. No
+    // bound here but its life: it says READY or ABORT, or it dies and the channel closes.
+    // Meanwhile a second taker is refused, not queued behind this one.
+    for (;;) {
+        pollfd p[3] = {{channel.get(), POLLIN, 0},
+                       {listen_ ? listen_.get() : -1, POLLIN, 0},
+                       {wake_.get(), POLLIN, 0}};
+        const int n = ::poll(p, 3, 1000);
+        if (n < 0 && errno != EINTR) return failed(errnoText("poll"));
+        if (stopping_.load()) return failed("this relay is stopping");
+        if (p[1].revents & POLLIN) refuseWaiting(who);
+        if (p[0].revents) break;
+    }
+    auto answer = receive(channel.get(), monotonicMs() + kStepMs);
+    if (!answer)
+        return failed(answer.error() == "closed" ? "it exited before it was ready"
+                                                 : answer.error());
+    if (answer->verb == "ABORT") return failed(answer->get("reason"));
+    if (answer->verb != "READY") return failed("expected READY, got " + answer->line());
+
+    handed_over_.store(true);
+    const size_t listeners = hooks_.hand_over();
+    listen_.reset();  // the taker's now: closed here, the file left to it
+    Message done("DONE");
+    done.set("listeners", std::to_string(listeners));
+    (void)send(channel.get(), done, monotonicMs() + kStepMs);
+    hooks_.count("handed_over");
+    LOG_INFO(
+        "takeover: pid %s is ready; handed over %zu listening sockets to it in %.1f ms; no longer "
+        "accepting, draining",
+        answer->get("pid").c_str(), listeners,
+        static_cast<double>(monotonicUs() - started_us) / 1000.0);
+}
+
+}  // namespace zcrelay::takeover

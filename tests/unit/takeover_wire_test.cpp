@@ -1,0 +1,110 @@
+// The takeover's wire (proxy/takeover_wire.hpp): a message and its fd cross a real socketpair
+// as one record; values with spaces, '=' and bytes outside printable ASCII come back as sent;
+// and what is not a message is an error naming what came, with no fd left open.
+#include "takeover_wire.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.hpp"
+
+namespace zcrelay::takeover {
+namespace {
+
+struct Pair {
+    UniqueFd a, b;
+    Pair() {
+        int fds[2];
+        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
+        a.reset(fds[0]);
+        b.reset(fds[1]);
+    }
+};
+
+int64_t soon() { return monotonicMs() + 2000; }
+
+TEST(TakeoverWireTest, AMessageAndItsFdCrossAsOneRecord) {
+    Pair p;
+    int pipe_fds[2];
+    ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+    UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+    Message m("SOCKET");
+    m.set("kind", "listener").set("name", "web one=%two\x01").set("listen", "unix:/run/a b");
+    m.fd = std::move(read_end);
+    ASSERT_TRUE(send(p.a.get(), m, soon()));
+    auto got = receive(p.b.get(), soon());
+    ASSERT_TRUE(got) << got.error();
+    EXPECT_EQ(got->verb, "SOCKET");
+    EXPECT_EQ(got->get("name"), "web one=%two\x01");
+    EXPECT_EQ(got->get("listen"), "unix:/run/a b");
+    EXPECT_EQ(got->get("absent"), "");
+    ASSERT_TRUE(got->fd);
+    // The same pipe: what goes into the write end comes out of the fd that crossed.
+    ASSERT_EQ(::write(write_end.get(), "x", 1), 1);
+    char c = 0;
+    EXPECT_EQ(::read(got->fd.get(), &c, 1), 1);
+    EXPECT_EQ(c, 'x');
+    EXPECT_NE(::fcntl(got->fd.get(), F_GETFD) & FD_CLOEXEC, 0) << "received close-on-exec";
+}
+
+TEST(TakeoverWireTest, WhatIsNotAMessageIsNamed) {
+    EXPECT_EQ(parse("").error(), "an empty message");
+    EXPECT_EQ(parse("hello").error(), "a bad verb \"hello\"");
+    EXPECT_EQ(parse("OFFER version").error(), "a field without key=value: \"version\"");
+    EXPECT_EQ(parse("OFFER =1").error(), "a field without key=value: \"%3D1\"");
+    EXPECT_EQ(parse("OFFER a=%4").error(), "a bad escape in \"a%3D%254\"");
+    EXPECT_EQ(parse("OFFER a=%zz").error(), "a bad escape in \"a%3D%25zz\"");
+    auto ok = parse("OFFER  version=1   pid=42 ");
+    ASSERT_TRUE(ok) << ok.error();
+    EXPECT_EQ(ok->get("version"), "1");
+    EXPECT_EQ(ok->get("pid"), "42");
+}
+
+TEST(TakeoverWireTest, TwoFdsOrARecordTooLongAreRefusedAndClosed) {
+    Pair p;
+    // Two fds in one record, as no giver sends them.
+    int fds[2] = {::dup(0), ::dup(0)};
+    const char text[] = "SOCKET kind=listener";
+    iovec iov{const_cast<char*>(text), sizeof text - 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof fds);
+    std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
+    ASSERT_EQ(::sendmsg(p.a.get(), &msg, 0), static_cast<ssize_t>(sizeof text - 1));
+    ::close(fds[0]);
+    ::close(fds[1]);
+    auto two = receive(p.b.get(), soon());
+    ASSERT_FALSE(two);
+    EXPECT_EQ(two.error(), "more than one fd in a message");
+
+    std::string longer(kMaxMessage + 10, 'A');
+    ASSERT_EQ(::send(p.a.get(), longer.data(), longer.size(), 0),
+              static_cast<ssize_t>(longer.size()));
+    auto cut = receive(p.b.get(), soon());
+    ASSERT_FALSE(cut);
+    EXPECT_EQ(cut.error(), "a message too long");
+
+    p.a.reset();
+    auto closed = receive(p.b.get(), soon());
+    ASSERT_FALSE(closed);
+    EXPECT_EQ(closed.error(), "closed");
+}
+
+TEST(TakeoverWireTest, AReceiveWithNothingComingTimesOut) {
+    Pair p;
+    auto nothing = receive(p.b.get(), monotonicMs() + 50);
+    ASSERT_FALSE(nothing);
+    EXPECT_EQ(nothing.error(), "waiting for a message: timed out");
+}
+
+}  // namespace
+}  // namespace zcrelay::takeover
