@@ -13,7 +13,7 @@
 
 namespace zcrelay {
 
-Acceptor::Acceptor(unsigned worker, std::vector<UniqueFd> fds, const Generations& generations,
+Acceptor::Acceptor(unsigned worker, std::vector<ListenSocket> fds, const Generations& generations,
                    ProcessShared& process, uint32_t max_conns, StatCounter& pauses)
     : worker_(worker),
       generations_(generations),
@@ -22,12 +22,13 @@ Acceptor::Acceptor(unsigned worker, std::vector<UniqueFd> fds, const Generations
       pauses_(pauses),
       admission_(process) {
     const Runtime& current = rt();
-    listeners_.resize(fds.size());
-    for (size_t i = 0; i < fds.size(); ++i) {
-        listeners_[i].fd = std::move(fds[i]);
-        listeners_[i].address = current.config.listeners[i].listen;
-        listeners_[i].rt_index = static_cast<int32_t>(i);
-        setClientOptions(listeners_[i], current.config.listeners[i]);
+    for (ListenSocket& s : fds) {
+        Listener l;
+        l.fd = std::move(s.fd);
+        l.address = current.config.listeners[s.listener].listen;
+        l.rt_index = static_cast<int32_t>(s.listener);
+        setClientOptions(l, current.config.listeners[s.listener]);
+        listeners_.push_back(std::move(l));
     }
 }
 
@@ -46,7 +47,9 @@ void Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
         return;
     }
     if (a.fd >= 0) {
-        if (draining_) {
+        // Handed over, the sockets still listen in the next process: a connection this worker
+        // accepted as it stopped is served here, not reset.
+        if (draining_ && !process_.listeners_handed_over.load()) {
             rt().listeners[a.listener].shared->stats[worker_].rejected_draining.add();
             ::close(a.fd);
         } else if (!host_->accept(a.fd, a.listener, a.peer)) {
@@ -104,7 +107,7 @@ Acceptor::Accepted Acceptor::take(uint32_t li, uint8_t aux, int res, int64_t now
     const uint32_t at = aux % kBatch;
     l.peers->busy &= ~(1u << at);
     Accepted out;
-    if (l.closed) {
+    if (l.closed && (res < 0 || l.rt_index < 0)) {
         if (res >= 0) ::close(res);  // accepted just before a reload removed the listener
         return out;
     }
@@ -174,7 +177,10 @@ void Acceptor::resume() {
     resume_wanted_ = false;
     if (admission_.fdWaiters())
         admission_.retryFdWaiters([&](UserData ud) { host_->retryFdWaiter(ud); });
-    if (draining_ || admission_.fdWaiters() || host_->live() >= max_conns_) return;
+    // Draining after a hand-over, the held connections are still admitted (arm() arms nothing).
+    if ((draining_ && !process_.listeners_handed_over.load()) || admission_.fdWaiters() ||
+        host_->live() >= max_conns_)
+        return;
     if (!admission_.holdSpareFd()) return;  // still out of fds: try again next tick
     paused_ = false;
     limit_paused_ = admission_.queued();  // arming sets it again where a limit holds
@@ -199,37 +205,38 @@ bool Acceptor::admit(Conn& c, uint32_t slot) {
 
 // ---- reload and drain ----------------------------------------------------------------------
 
-void Acceptor::reload(const Runtime& next, std::vector<UniqueFd> fds) {
+void Acceptor::reload(const Runtime& next, std::vector<ListenSocket> fds) {
     const Runtime& current = rt();
     std::vector<bool> kept(listeners_.size(), false);
-    size_t next_fd = 0;
     for (size_t i = 0; i < next.config.listeners.size(); ++i) {
         const ListenerConfig& l = next.config.listeners[i];
-        int32_t found = -1;
+        bool found = false;
+        // Every socket of the listener is kept (a taken-over one may have several).
         for (size_t j = 0; j < listeners_.size(); ++j) {
-            const Listener& old = listeners_[j];
-            if (old.closed || kept[j] || !(old.address == l.listen)) continue;
+            Listener& old = listeners_[j];
+            if (old.closed || kept[j] || old.rt_index < 0 || !(old.address == l.listen)) continue;
             if (l.listen.port() == 0 && current.config.listeners[old.rt_index].name != l.name)
                 continue;
-            found = static_cast<int32_t>(j);
+            kept[j] = true;
+            old.rt_index = static_cast<int32_t>(i);
+            setClientOptions(old, l);
+            found = true;
         }
-        if (found >= 0) {
-            kept[found] = true;
-            listeners_[found].rt_index = static_cast<int32_t>(i);
-            setClientOptions(listeners_[found], l);
-            continue;
+        for (ListenSocket& s : fds) {
+            if (s.listener != i || !s.fd) continue;
+            if (found) {
+                LOG_ERROR("reload: listener %s has a socket already: bookkeeping bug",
+                          l.name.c_str());
+                continue;
+            }
+            Listener fresh;
+            fresh.fd = std::move(s.fd);
+            fresh.address = l.listen;
+            fresh.rt_index = static_cast<int32_t>(i);
+            setClientOptions(fresh, l);
+            listeners_.push_back(std::move(fresh));
+            kept.push_back(true);
         }
-        if (next_fd >= fds.size()) {
-            LOG_ERROR("reload: no socket for new listener %s: bookkeeping bug", l.name.c_str());
-            continue;
-        }
-        Listener fresh;
-        fresh.fd = std::move(fds[next_fd++]);
-        fresh.address = l.listen;
-        fresh.rt_index = static_cast<int32_t>(i);
-        setClientOptions(fresh, l);
-        listeners_.push_back(std::move(fresh));
-        kept.push_back(true);
     }
     for (size_t j = 0; j < listeners_.size(); ++j) {
         if (!kept[j] && !listeners_[j].closed) {
@@ -243,6 +250,9 @@ void Acceptor::drain() {
     draining_ = true;
     for (Listener& l : listeners_)
         if (!l.closed) close(l);
+    // Handed over, the kernel's accept queues live on in the next relay, and so do the
+    // connections held here at max_connections: served as this process's connections end.
+    if (process_.listeners_handed_over.load()) return;
     // Connections held at max_connections were never served: they go now, as the kernel's
     // accept queue does with the listeners.
     for (uint64_t packed : admission_.takeQueue()) {
@@ -260,8 +270,11 @@ void Acceptor::close(Listener& l) {
     // Not a socket systemd passed: shut down, it would stop listening for the service manager
     // and the next process too, and connections that arrive while the relay restarts must
     // wait in its queue instead.
+    // Nor one handed over to the next relay (takeover.hpp): it listens there now, with every
+    // connection in its queue.
     const auto& passed = process_.passed_listeners;
-    if (std::find(passed.begin(), passed.end(), l.address) == passed.end())
+    if (!process_.listeners_handed_over.load() &&
+        std::find(passed.begin(), passed.end(), l.address) == passed.end())
         ::shutdown(l.fd.get(), SHUT_RDWR);
     ring_->cancelAndClose(l.fd.release());
     l.closed = true;

@@ -34,6 +34,7 @@
 #include "admission.hpp"
 #include "conn.hpp"
 #include "generation.hpp"
+#include "listener.hpp"
 #include "process_shared.hpp"
 #include "runtime.hpp"
 #include "stats.hpp"
@@ -71,10 +72,10 @@ class Acceptor {
         ~Host() = default;
     };
 
-    // `fds[i]` is worker `worker`'s socket for the current generation's listeners[i].
-    // `max_conns`: the worker's share of the fd budget, in connections. `pauses` counts the
+    // `fds` are worker `worker`'s sockets for the current generation's listeners (at least one
+    // per listener). `max_conns`: the worker's share of the fd budget, in connections. `pauses` counts the
     // times accepting stopped for want of fds.
-    Acceptor(unsigned worker, std::vector<UniqueFd> fds, const Generations& generations,
+    Acceptor(unsigned worker, std::vector<ListenSocket> fds, const Generations& generations,
              ProcessShared& process, uint32_t max_conns, StatCounter& pauses);
 
     // The ring is up and `host` serves: the first accepts are armed.
@@ -92,12 +93,12 @@ class Acceptor {
     // Drain: every listener closes, every queued connection goes unserved, nothing is armed
     // again.
     void drain();
-    // A reload: listeners whose address stays keep their socket (and whatever waits in its
-    // accept queue); the rest of the old ones close, the new ones open with `fds` (the
-    // listeners of `next` no current one matches, in order). A port-0 listener matches by
-    // name too, as its configured address says nothing. Called before the generation switches;
-    // armAll() once it has.
-    void reload(const Runtime& next, std::vector<UniqueFd> fds);
+    // A reload: listeners whose address stays keep their sockets (and whatever waits in their
+    // accept queues); the rest of the old ones close, the new ones open with `fds` (for the
+    // listeners of `next` no current one matches). A port-0 listener matches by name too, as
+    // its configured address says nothing. Called before the generation switches; armAll()
+    // once it has.
+    void reload(const Runtime& next, std::vector<ListenSocket> fds);
     // Arms every listener as far as the fd budget and the limits allow.
     void armAll();
 

@@ -37,6 +37,9 @@ const Flag kFlags[] = {
      "worker threads, 1..256 (overrides the config; default: one per online CPU)"},
     {"--metrics", "", "ADDR|off", &CliOptions::metrics, CliAction::Run,
      "Prometheus scrape address, or off (overrides the config)"},
+    {"--takeover", "", "", nullptr, CliAction::Run,
+     "take the listening sockets over from the relay running on the config's takeover_socket, "
+     "which then drains: an upgrade or restart that refuses no connection"},
     {"--max-config-size", "", "SIZE", &CliOptions::max_config_size, CliAction::Run,
      "refuse a config file larger than SIZE (default 1MiB, at most 64MiB)"},
     {"--version", "", "", nullptr, CliAction::Version, "print the version and exit"},
@@ -68,6 +71,7 @@ CliOptions parseCli(const std::vector<std::string>& args) {
         options.action = std::max(options.action, flag->action);
         if (flag->arg.empty()) {
             if (eq != std::string::npos) fail(name + ": takes no value");
+            if (name == "--takeover") options.takeover = true;
             continue;
         }
         std::string value;
@@ -126,7 +130,7 @@ Config resolveConfig(const CliOptions& options) {
 std::string usageText() {
     std::string text =
         "Usage: zcrelay [-c FILE] [--workers N] [--mode splice|copy|sockmap|auto] "
-        "[--metrics ADDR|off]\n"
+        "[--metrics ADDR|off] [--takeover]\n"
         "       zcrelay --listen ADDR --upstream ADDR [options]\n"
         "       zcrelay --check-config FILE | --print-default-config | --version | --help\n"
         "       zcrelay [-c FILE | --listen ADDR --upstream ADDR] [options] --dump-config\n"

@@ -22,6 +22,7 @@ struct CliOptions {
     std::optional<std::string> workers;
     std::optional<std::string> metrics;  // --metrics ADDR | --metrics off
     std::optional<std::string> max_config_size;  // --max-config-size SIZE (kMaxConfigSize)
+    bool takeover = false;  // --takeover: from the relay on the config's takeover_socket
 };
 
 // Throws ConfigError naming the flag ("--workers: expected a number, got \"x\"", "unknown option

@@ -244,6 +244,9 @@ struct Config {
     std::string group;
     uint32_t uid = 0;
     uint32_t gid = 0;
+    // Where `zcrelay --takeover` reaches this relay for its listening sockets (takeover.hpp):
+    // an absolute path of a unix socket, or "" for none.
+    std::string takeover_socket;
     MetricsConfig metrics;
     AccessLogConfig access_log;
     ResolversConfig resolvers;

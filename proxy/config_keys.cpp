@@ -50,6 +50,12 @@ const Key<Config> kTopKeyTable[] = {
      .member = &Config::group,
      .help = "with user: the group (name or gid), the only supplementary one too; unset: the "
              "user's primary group"},
+    {.name = "takeover_socket",
+     .kind = Kind::Text,
+     .member = &Config::takeover_socket,
+     .help = "a unix socket path where `zcrelay --takeover` finds this relay and takes its "
+             "listening sockets over (restart and upgrade refusing nothing); \"\" = none "
+             "(SIGUSR2 upgrades without it)"},
 };
 
 const Key<AccessLogConfig> kAccessLogKeyTable[] = {

@@ -119,6 +119,7 @@ Config parseConfig(std::string_view yaml, std::string_view source) {
     parseNestedMap<AccessLogConfig>(source, nested, "access_log", "access_log", kAccessLogKeys,
                                     config.access_log);
     resolveRunAs(source, root, config);
+    checkTakeoverSocket(source, root, config);
 
     if (const auto clusters = nested.find("clusters"); clusters != nested.end())
         parseClusters(source, clusters->second, config);

@@ -97,6 +97,15 @@ void resolveRunAs(std::string_view source, const YAML::Node& root, Config& confi
     config.gid = *gid;
 }
 
+void checkTakeoverSocket(std::string_view source, const YAML::Node& root, const Config& config) {
+    const std::string& path = config.takeover_socket;
+    if (path.empty()) return;
+    // sun_path holds 108 bytes with its NUL; the bind renames from path + ".new.<pid>".
+    if (path.front() != '/' || path.size() > 80)
+        fail(whereOfKey(source, root, "takeover_socket", "takeover_socket"),
+             "must be an absolute path of at most 80 bytes, e.g. /run/zcrelay/takeover.sock");
+}
+
 namespace {
 
 void parseDiscovery(std::string_view source, const YAML::Node& node, const std::string& path,

@@ -106,6 +106,8 @@ void parseAdmin(std::string_view source, const std::map<std::string, YAML::Node>
 void parseMetrics(std::string_view source, const std::map<std::string, YAML::Node>& nested,
                   MetricsConfig& metrics);
 void resolveRunAs(std::string_view source, const YAML::Node& root, Config& config);
+// `takeover_socket`: an absolute path short enough for a unix socket address, or unset.
+void checkTakeoverSocket(std::string_view source, const YAML::Node& root, const Config& config);
 void parseClusters(std::string_view source, const YAML::Node& list, Config& config);
 void parseListeners(std::string_view source, const YAML::Node& list, Config& config);
 

@@ -5,6 +5,8 @@
 // Exit codes: 0 after a clean drain (or --help/--version/--print-default-config, or a valid
 // --check-config); 1 for a bad config or a failed start; 2 for bad command-line usage.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -19,7 +21,10 @@
 #include "config_reader.hpp"
 #include "log.hpp"
 #include "server.hpp"
+#include "service_notify.hpp"
 #include "signals.hpp"
+#include "takeover.hpp"
+#include "upgrade.hpp"
 
 using namespace zcrelay;
 
@@ -115,8 +120,8 @@ class IgnoredSignals {
         const std::string more =
             e.suppressed ? " (" + std::to_string(e.suppressed) + " more since the last line)" : "";
         LOG_WARN(
-            "%s: %s; zcrelay drains on SIGTERM, reloads on SIGHUP, reopens the access log "
-            "on SIGUSR1%s",
+            "%s: %s; zcrelay drains on SIGTERM, reloads on SIGHUP, upgrades on SIGUSR2, reopens "
+            "the access log on SIGUSR1%s",
             std::string(spec.name).c_str(), std::string(spec.what).c_str(), more.c_str());
         e.logged_ms = now;
         e.suppressed = 0;
@@ -129,6 +134,121 @@ class IgnoredSignals {
     };
     std::array<Entry, kSignals.size()> entries_{};
 };
+
+// How this process starts: on sockets a running relay hands it (takeover.hpp), or on its own.
+struct Taking {
+    StartWith with;
+    std::optional<takeover::Taken> taken;  // READY goes back to the giver once ready
+    bool fallback = false;                 // a takeover was asked for and did not take
+};
+
+// With --takeover, or as a SIGUSR2 child: the running relay's sockets, or the reason to bind
+// its own (said loudly), in `taking`. Returns why the process must not start at all, or "".
+std::string takeOver(const CliOptions& options, const Config& config, Taking& taking) {
+    auto inherited = takeSuccessorChannel();
+    if (!inherited) return inherited.error();
+    UniqueFd channel = std::move(*inherited);
+    if (!channel && !options.takeover) return "";
+    if (!channel) {
+        if (config.takeover_socket.empty())
+            return "--takeover: the config sets no takeover_socket to find the running relay at";
+        auto connected = takeover::connectTo(config.takeover_socket);
+        if (!connected) {
+            LOG_WARN("takeover: no relay answers on %s (%s); starting on sockets of its own",
+                     config.takeover_socket.c_str(), connected.error().why.c_str());
+            taking.fallback = true;
+            return "";
+        }
+        channel = std::move(*connected);
+    }
+    auto taken = takeover::take(std::move(channel));
+    if (taken) {
+        LOG_INFO("takeover: pid %d (zcrelay %s) passed %zu sockets; starting on them",
+                 static_cast<int>(taken->giver), taken->giver_release.c_str(),
+                 taken->sockets.size());
+        taking.with.handed = std::move(taken->sockets);
+        taking.with.taking_over = true;
+        taking.taken = std::move(*taken);
+        return "";
+    }
+    takeover::TakeError& e = taken.error();
+    taking.fallback = true;
+    switch (e.kind) {
+        case takeover::TakeError::Refused:
+            return "takeover: " + e.why;
+        case takeover::TakeError::Version:
+            // The issue of two protocol versions is the operator's to finish: both relays
+            // listen (SO_REUSEPORT), and the old one's queued connections are reset when it
+            // stops unless net.ipv4.tcp_migrate_req=1.
+            LOG_ERROR(
+                "takeover: %s. BINDING LISTENERS OF ITS OWN beside the running relay: both "
+                "serve until pid %d is stopped (SIGTERM), and the connections queued on its "
+                "sockets then are reset",
+                e.why.c_str(), static_cast<int>(e.giver));
+            taking.with.replace_takeover_socket = true;
+            return "";
+        case takeover::TakeError::Draining:
+            LOG_WARN("takeover: %s; starting on sockets of its own", e.why.c_str());
+            taking.with.replace_takeover_socket = true;
+            return "";
+        case takeover::TakeError::Broken:
+            // Whatever came is kept (closing it could be the last reference to a socket with
+            // connections queued); the rest is bound.
+            LOG_ERROR(
+                "takeover: the conversation with pid %d broke off (%s); starting on the %zu "
+                "sockets that came and binding the rest",
+                static_cast<int>(e.giver), e.why.c_str(), e.partial.size());
+            taking.with.handed = std::move(e.partial);
+            taking.with.replace_takeover_socket = true;
+            return "";
+        case takeover::TakeError::Unreachable:
+            LOG_WARN("takeover: %s; starting on sockets of its own", e.why.c_str());
+            return "";
+    }
+    return "";
+}
+
+// SIGUSR2: the binary on disk, started as the next relay with a channel to take the sockets
+// over through. This process goes on serving until the child says it is ready.
+void upgrade(Server& server, const std::vector<std::string>& args, bool draining,
+             pid_t& successor) {
+    if (draining) {
+        LOG_WARN("SIGUSR2: draining (or handed over already); no upgrade from this process");
+        return;
+    }
+    if (successor > 0) {
+        LOG_WARN("SIGUSR2: pid %d is taking over already; wait for it",
+                 static_cast<int>(successor));
+        return;
+    }
+    auto next = spawnSuccessor(startedBinary(), args);
+    if (!next) {
+        LOG_ERROR("SIGUSR2: %s; serving on", next.error().c_str());
+        server.process().takeovers[takeoverResult("failed")].fetch_add(1);
+        return;
+    }
+    LOG_INFO("SIGUSR2: started %s as pid %d to take the listening sockets over",
+             startedBinary().c_str(), static_cast<int>(next->pid));
+    successor = next->pid;
+    server.addTakeoverChannel(std::move(next->channel), next->pid);
+}
+
+// A SIGUSR2 child that exited is reaped, and its end said (after a hand-over it serves on and
+// outlives this process: nothing to reap then).
+void reapSuccessor(pid_t& successor) {
+    int status = 0;
+    const pid_t got = ::waitpid(successor, &status, WNOHANG);
+    if (got == 0) return;
+    if (got == successor) {
+        if (WIFEXITED(status))
+            LOG_WARN("SIGUSR2: the new process (pid %d) exited with status %d",
+                     static_cast<int>(successor), WEXITSTATUS(status));
+        else if (WIFSIGNALED(status))
+            LOG_WARN("SIGUSR2: the new process (pid %d) was killed by signal %d",
+                     static_cast<int>(successor), WTERMSIG(status));
+    }
+    successor = -1;
+}
 
 }  // namespace
 
@@ -183,15 +303,36 @@ int main(int argc, char** argv) {
 
     LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", ZCRELAY_VERSION, config.workers,
              config.workers == 1 ? "" : "s", renderConfig(config).c_str());
-    auto server = Server::start(std::move(config));
+    startedBinary();  // the path SIGUSR2 executes, read before anything can replace the file
+    Taking taking;
+    if (std::string why = takeOver(options, config, taking); !why.empty()) {
+        std::fprintf(stderr, "zcrelay: %s\n", why.c_str());
+        return 1;
+    }
+    auto server = Server::start(std::move(config), std::move(taking.with));
     if (!server) {
+        if (taking.taken) takeover::sayAborted(*taking.taken, server.error());
         std::fprintf(stderr, "zcrelay: %s\n", server.error().c_str());
         return 1;
     }
-    printReady(**server);
-
+    // Taking over, "ready" is said once the old relay has stopped accepting: a script that
+    // waits for it knows the upgrade is done.
     ProcessShared& process = (*server)->process();
+    const bool took_over = taking.taken.has_value();
+    if (took_over) {
+        LOG_INFO("takeover: %s", takeover::sayReady(*taking.taken).c_str());
+        process.takeovers[takeoverResult("taken_over")].fetch_add(1);
+        taking.taken.reset();
+    } else if (taking.fallback) {
+        process.takeovers[takeoverResult("fallback")].fetch_add(1);
+    }
+    printReady(**server);
+    // After a takeover the service's main process is this one (the unit has NotifyAccess=all).
+    notifyServiceManager(took_over ? "MAINPID=" + std::to_string(::getpid()) + "\nREADY=1"
+                                   : std::string("READY=1"));
+
     IgnoredSignals ignored;
+    pid_t successor = -1;  // a SIGUSR2 child not yet reaped
     bool draining = false;
     const std::string source = options.config_path.value_or("<command line>");
     std::optional<ConfigReader> loading;  // a SIGHUP's read under way
@@ -200,6 +341,8 @@ int main(int argc, char** argv) {
         // Short waits while a load runs, to apply it soon after it is done.
         timespec wait{0, (loading ? 10 : 200) * 1000 * 1000};
         const int sig = sigtimedwait(&set, nullptr, &wait);
+        if (!draining && (*server)->handedOver()) draining = true;  // the giver logged it
+        if (successor > 0) reapSuccessor(successor);
         const size_t index = signalIndex(sig);
         if (index < kSignals.size()) {
             const SignalSpec& spec = kSignals[index];
@@ -210,6 +353,7 @@ int main(int argc, char** argv) {
                         LOG_INFO("%s: no longer accepting; draining live connections (up to %s)",
                                  std::string(spec.name).c_str(),
                                  formatDuration((*server)->config().drain_timeout).c_str());
+                        notifyServiceManager("STOPPING=1");
                         (*server)->drain();
                         draining = true;
                     } else {
@@ -233,6 +377,9 @@ int main(int argc, char** argv) {
                                  ? "no access log file to reopen"
                                  : "reopening the access log");
                     break;
+                case SignalAction::Upgrade:
+                    upgrade(**server, args, draining, successor);
+                    break;
                 case SignalAction::Ignore:
                     ignored.taken(spec, index);
                     break;
@@ -246,7 +393,9 @@ int main(int argc, char** argv) {
             LOG_INFO("SIGHUP: the reload finished after the drain began; not applied");
             continue;
         }
+        notifyServiceManager("RELOADING=1");
         reload(**server, std::move(*outcome));
+        notifyServiceManager("READY=1");
         if (std::exchange(reload_again, false)) loading.emplace(args, source);
     }
     (*server)->join();

@@ -194,6 +194,9 @@ namespace zcrelay {
       "The running config's generation: 1 at start, +1 per applied reload.")                       \
     X(ConfigReloads, "zcrelay_config_reloads_total", Counter, ("result"),                          \
       "SIGHUP reloads, by result.")                                                                \
+    X(Takeovers, "zcrelay_takeovers_total", Counter, ("result"),                                   \
+      "Takeovers of the listening sockets, by result: handed_over, failed and refused as the "     \
+      "giver; taken_over and fallback (bound its own) as the new process.")                        \
     X(AccessLogDropped, "zcrelay_access_log_dropped_total", Counter, (),                           \
       "Access log lines dropped because the writer fell behind.")                                  \
     X(Signals, "zcrelay_signals_total", Counter, ("signal"),                                       \

@@ -568,6 +568,11 @@ class Collector : public prometheus::Collectable {
                 f.add({"success"}, static_cast<double>(process_->reloads_ok.load()));
                 f.add({"failure"}, static_cast<double>(process_->reloads_failed.load()));
                 return true;
+            case Metric::Takeovers:
+                for (size_t r = 0; r < kTakeoverResults.size(); ++r)
+                    f.add({kTakeoverResults[r]},
+                          static_cast<double>(process_->takeovers[r].load()));
+                return true;
             case Metric::AccessLogDropped:
                 f.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);
                 return true;

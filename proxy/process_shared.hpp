@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "address.hpp"
@@ -17,6 +18,15 @@ namespace zcrelay {
 class AccessLog;
 class Discovery;
 struct AdminStats;
+
+// zcrelay_takeovers_total's results (takeover.hpp): as the giver, then as the new process.
+inline constexpr std::array<const char*, 5> kTakeoverResults = {"handed_over", "failed", "refused",
+                                                                "taken_over", "fallback"};
+inline size_t takeoverResult(std::string_view result) {
+    for (size_t i = 0; i < kTakeoverResults.size(); ++i)
+        if (result == kTakeoverResults[i]) return i;
+    return 0;
+}
 
 struct ProcessShared {
     std::atomic<uint32_t> live{0};    // connections over all listeners (Config::max_connections)
@@ -37,6 +47,11 @@ struct ProcessShared {
     // worker runs. Such a socket is the service manager's, kept across the relay's restarts, and
     // is closed, never shut down (Acceptor::close).
     std::vector<SocketAddress> passed_listeners;
+    // The next relay took the listening sockets over (takeover.hpp): set before the drain, so
+    // that the drain closes them without shutdown() (they listen on in that process) and serves
+    // what it accepted as it stopped.
+    std::atomic<bool> listeners_handed_over{false};
+    std::array<std::atomic<uint64_t>, kTakeoverResults.size()> takeovers{};
 };
 
 }  // namespace zcrelay

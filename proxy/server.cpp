@@ -14,6 +14,7 @@
 #include "log.hpp"
 #include "privileges.hpp"
 #include "socket_activation.hpp"
+#include "unix_path.hpp"
 
 namespace zcrelay {
 namespace {
@@ -34,33 +35,96 @@ UniqueFd takeInherited(std::vector<InheritedSocket>& inherited, const SocketAddr
     return UniqueFd();
 }
 
+// The sockets a takeover handed over for listener `l`, taken out of `handed`: the previous
+// relay's, one per its worker. Matched as a reload matches (the address; a port-0 one by name
+// too).
+std::vector<takeover::HandedSocket> takeHanded(std::vector<takeover::HandedSocket>& handed,
+                                               const ListenerConfig& l) {
+    std::vector<takeover::HandedSocket> out;
+    for (takeover::HandedSocket& s : handed) {
+        if (s.fd && s.kind == "listener" && s.listen == l.listen &&
+            (l.listen.port() != 0 || s.name == l.name))
+            out.push_back(std::move(s));
+    }
+    return out;
+}
+
+// A handed-over socket of another kind (metrics, health, admin, takeover) at `listen`, or none.
+UniqueFd takeHandedOf(std::vector<takeover::HandedSocket>& handed, const char* kind,
+                      const SocketAddress& listen) {
+    for (takeover::HandedSocket& s : handed)
+        if (s.fd && s.kind == kind && s.listen == listen) return std::move(s.fd);
+    return UniqueFd();
+}
+
+// A listening socket as the next relay will be handed it: a dup, so that a worker closing its
+// own leaves this one.
+tl::expected<takeover::HandedSocket, std::string> handable(const ListenerConfig& l,
+                                                           const SocketAddress& bound, int fd) {
+    UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    if (!dup) return tl::unexpected("listener " + l.name + ": " + errnoText("dup"));
+    return takeover::HandedSocket{"listener", l.name, l.listen, bound, std::move(dup)};
+}
+
+// Each worker's sockets and, for the next relay, one dup of every distinct one.
+struct BoundListeners {
+    std::vector<std::vector<ListenSocket>> per_worker;
+    std::vector<takeover::HandedSocket> handable;
+};
+
 // Binds, for every worker, one SO_REUSEPORT socket per listener in `which` (indices into
 // config.listeners). `bound` gets where each really listens (port 0 resolved once, shared by
-// all workers' sockets). fds[w][k] is worker w's socket for listener which[k]. A listener whose
-// address a socket in `inherited` has (systemd socket activation) takes that socket instead,
-// one fd of it per worker: the service manager keeps it open across restarts, which sockets of
-// the relay's own could not be.
-tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
+// all workers' sockets). A listener whose address a socket in `inherited` has (systemd socket
+// activation) takes that socket instead, one fd of it per worker: the service manager keeps it
+// open across restarts, which sockets of the relay's own could not be. One that a takeover
+// handed over takes those sockets: all of them, as each holds its own accept queue and the
+// kernel keeps hashing new connections to each. With as many workers as the previous relay had,
+// each worker takes one; with fewer, some take several; with more, some share one.
+tl::expected<BoundListeners, std::string> bindListeners(
     const Config& config, const std::vector<size_t>& which, std::vector<SocketAddress>& bound,
-    std::vector<InheritedSocket>& inherited, std::vector<SocketAddress>& passed_addresses) {
-    std::vector<std::vector<UniqueFd>> fds(config.workers);
+    std::vector<InheritedSocket>& inherited, std::vector<takeover::HandedSocket>& handed,
+    std::vector<SocketAddress>& passed_addresses) {
+    BoundListeners out;
+    out.per_worker.resize(config.workers);
+    auto give = [&](unsigned w, size_t i, UniqueFd fd) {
+        out.per_worker[w].push_back(ListenSocket{i, std::move(fd)});
+    };
     for (size_t i : which) {
         const ListenerConfig& l = config.listeners[i];
         SocketAddress addr = l.listen;
+        if (std::vector<takeover::HandedSocket> taken = takeHanded(handed, l); !taken.empty()) {
+            LOG_INFO("listener %s: listening on %zu socket%s handed over for %s", l.name.c_str(),
+                     taken.size(), taken.size() == 1 ? "" : "s", taken[0].bound.toString().c_str());
+            bound.push_back(taken[0].bound);
+            if (taken[0].systemd) passed_addresses.push_back(addr);
+            const size_t rounds = std::max<size_t>(taken.size(), config.workers);
+            for (size_t j = 0; j < rounds; ++j) {
+                const int fd = taken[j % taken.size()].fd.get();
+                UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+                if (!dup) return tl::unexpected("listener " + l.name + ": " + errnoText("dup"));
+                give(static_cast<unsigned>(j % config.workers), i, std::move(dup));
+            }
+            for (takeover::HandedSocket& s : taken) out.handable.push_back(std::move(s));
+            continue;
+        }
         if (UniqueFd passed = takeInherited(inherited, addr)) {
             LOG_INFO("listener %s: listening on the socket systemd passed for %s (fd %d)",
                      l.name.c_str(), addr.toString().c_str(), passed.get());
             bound.push_back(addr);
             passed_addresses.push_back(addr);
+            auto kept = handable(l, addr, passed.get());
+            if (!kept) return tl::unexpected(kept.error());
+            kept->systemd = true;
+            out.handable.push_back(std::move(*kept));
             // Every worker accepts on the one socket: each accept SQE takes its own connection.
             for (unsigned w = 1; w < config.workers; ++w) {
                 UniqueFd dup(::fcntl(passed.get(), F_DUPFD_CLOEXEC, 0));
                 if (!dup)
                     return tl::unexpected("listener " + l.name +
                                           ": dup of the passed socket: " + std::strerror(errno));
-                fds[w].push_back(std::move(dup));
+                give(w, i, std::move(dup));
             }
-            fds[0].push_back(std::move(passed));
+            give(0, i, std::move(passed));
             continue;
         }
         for (unsigned w = 0; w < config.workers; ++w) {
@@ -77,10 +141,13 @@ tl::expected<std::vector<std::vector<UniqueFd>>, std::string> bindListeners(
                 addr = *got;
                 bound.push_back(addr);
             }
-            fds[w].push_back(std::move(*fd));
+            auto kept = handable(l, addr, fd->get());
+            if (!kept) return tl::unexpected(kept.error());
+            out.handable.push_back(std::move(*kept));
+            give(w, i, std::move(*fd));
         }
     }
-    return fds;
+    return out;
 }
 
 // Without CAP_SYS_RESOURCE, F_SETPIPE_SZ past fs.pipe-max-size fails with EPERM: such a
@@ -103,14 +170,15 @@ void warnPipeSizesPastMax(const Config& config) {
 
 }  // namespace
 
-tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) {
+tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, StartWith with) {
     std::unique_ptr<Server> server(new Server());
     std::vector<size_t> all(config.listeners.size());
     for (size_t i = 0; i < all.size(); ++i) all[i] = i;
     auto inherited = takeInheritedSockets();
     if (!inherited) return tl::unexpected(inherited.error());
-    auto bound =
-        bindListeners(config, all, server->bound_, *inherited, server->process_.passed_listeners);
+    std::vector<takeover::HandedSocket>& handed = with.handed;
+    auto bound = bindListeners(config, all, server->bound_, *inherited, handed,
+                               server->process_.passed_listeners);
     if (!bound) return tl::unexpected(bound.error());
     for (const InheritedSocket& s : *inherited) {
         if (!s.fd) continue;
@@ -119,7 +187,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
                  s.address.toString().c_str(), s.fd.get(), s.name.empty() ? "" : ", name ",
                  s.name.c_str());
     }
-    std::vector<std::vector<UniqueFd>> listen_fds = std::move(*bound);
+    std::vector<std::vector<ListenSocket>> listen_fds = std::move(bound->per_worker);
+    server->listening_ = std::move(bound->handable);
     Config& cfg = config;
 
     // The fd budget: every relayed connection costs two fds (client and upstream socket), and
@@ -154,6 +223,14 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             server->process_.sockmap_loaded = true;
             LOG_INFO("sockmap: verdict attached, room for %llu sockets",
                      static_cast<unsigned long long>(records));
+        } else if (with.taking_over) {
+            // An upgrade must not change the data path behind the operator's back: the running
+            // relay serves on, and this one says what it lacks (privileges.hpp: a relay that
+            // dropped root cannot load it again; the unit's capabilities can).
+            return tl::unexpected("sockmap: " + loaded.error() +
+                                  "; a takeover keeps every listener's mode, so this process "
+                                  "stops and the running relay serves on (run it with CAP_BPF, "
+                                  "CAP_NET_ADMIN and CAP_PERFMON, or set mode splice)");
         } else {
             // The same bytes still get relayed, by the default path; the metric
             // zcrelay_datapath_info says which path runs.
@@ -164,6 +241,21 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
                 l.mode = Mode::Splice;
             }
         }
+    }
+    // The takeover socket: the previous relay's, handed over, or bound here, as root if the
+    // relay started so (its directory may be root's), before the drop below.
+    UniqueFd takeover_socket;
+    UnixFile takeover_file;
+    if (!cfg.takeover_socket.empty()) {
+        auto at = parseAddress("unix:" + cfg.takeover_socket);
+        if (at) takeover_socket = takeHandedOf(handed, "takeover", *at);
+        if (!takeover_socket) {
+            auto bound =
+                takeover::listenTakeover(cfg.takeover_socket, with.replace_takeover_socket);
+            if (!bound) return tl::unexpected(bound.error());
+            takeover_socket = std::move(*bound);
+        }
+        takeover_file = UnixFile::at(cfg.takeover_socket);
     }
     // Everything that needs root is open now: the listeners (ports below 1024), the sockmap
     // program and maps (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Drop it before the first thread
@@ -210,7 +302,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
             running.metrics,
             makeCollector([self] { return self->current(); }, std::move(stats), &self->process_),
             [self] { return self->unhealthy(); }, [self] { return self->unready(); },
-            self->process_.endpoint);
+            self->process_.endpoint, takeHandedOf(handed, "metrics", running.metrics.listen),
+            takeHandedOf(handed, "health", running.metrics.health_listen));
         if (!endpoint) return tl::unexpected(endpoint.error());
         server->metrics_ = std::move(*endpoint);
     }
@@ -238,13 +331,42 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config) 
         hooks.end_connections = [self](std::shared_ptr<BackendState> backend) {
             for (auto& w : self->workers_) w->endConnectionsOf(backend);
         };
-        auto admin = AdminApi::start(running.admin, std::move(hooks), server->admin_stats_);
+        auto admin = AdminApi::start(running.admin, std::move(hooks), server->admin_stats_,
+                                     takeHandedOf(handed, "admin", running.admin.listen));
         if (!admin) {
             server->stop();
             server->join();
             return tl::unexpected(admin.error());
         }
         server->admin_ = std::move(*admin);
+    }
+    // The next relay's way in: the config's takeover socket (handed over too, when this one
+    // took over), and SIGUSR2's channels.
+    takeover::Giver::Hooks giving;
+    giving.offer = [self] { return self->offer(); };
+    giving.refusal = [self]() -> std::string {
+        return self->process_.draining.load()
+                   ? "draining: its listening sockets are closed; bind your own"
+                   : "";
+    };
+    giving.hand_over = [self] { return self->handOver(); };
+    giving.count = [self](const char* result) {
+        self->process_.takeovers[takeoverResult(result)].fetch_add(1);
+    };
+    auto giver = takeover::Giver::start(std::move(takeover_file), std::move(takeover_socket),
+                                        std::move(giving));
+    if (!giver) {
+        server->stop();
+        server->join();
+        return tl::unexpected(giver.error());
+    }
+    server->giver_ = std::move(*giver);
+    for (const takeover::HandedSocket& s : handed) {
+        if (!s.fd) continue;
+        // Its queue is reset when the previous relay closes its copy too: what a reload that
+        // removes a listener does.
+        LOG_WARN("takeover: nothing in this config listens on %s (%s %s); closing it",
+                 s.bound.toString().c_str(), s.kind.c_str(), s.name.c_str());
     }
     // The metrics, health and admin ports that were 0 in the config are known now.
     if (server->discovery_)
@@ -330,10 +452,11 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
         if (!found) fresh.push_back(i);
     }
     std::vector<SocketAddress> fresh_bound;
-    // systemd's sockets were all taken (or closed) at start.
+    // systemd's sockets and a takeover's were all taken (or closed) at start.
     std::vector<InheritedSocket> no_inherited;
+    std::vector<takeover::HandedSocket> none_handed;
     std::vector<SocketAddress> none_passed;
-    auto fds = bindListeners(config, fresh, fresh_bound, no_inherited, none_passed);
+    auto fds = bindListeners(config, fresh, fresh_bound, no_inherited, none_handed, none_passed);
     if (!fds) return tl::unexpected(fds.error());
     for (size_t k = 0; k < fresh.size(); ++k) bound[fresh[k]] = fresh_bound[k];
 
@@ -343,8 +466,19 @@ tl::expected<void, std::string> Server::reloadLocked(Config config) {
     auto discovered = followDiscovery(config, bound);
     if (!discovered) return tl::unexpected(discovered.error());
     if (!discovered->unresolved.empty()) LOG_WARN("reload: %s", discovered->unresolved.c_str());
+    {
+        // What the next relay would be handed: the listeners of this config, no other.
+        std::lock_guard lock(listening_mutex_);
+        std::erase_if(listening_, [&](const takeover::HandedSocket& s) {
+            return std::none_of(
+                config.listeners.begin(), config.listeners.end(), [&](const ListenerConfig& l) {
+                    return s.listen == l.listen && (l.listen.port() != 0 || s.name == l.name);
+                });
+        });
+        for (takeover::HandedSocket& s : fds->handable) listening_.push_back(std::move(s));
+    }
     auto next = Runtime::build(std::move(config), current_.get(), old.workers, discovered->sets);
-    switchTo(std::move(next), std::move(*fds));
+    switchTo(std::move(next), std::move(fds->per_worker));
     bound_ = std::move(bound);
     return {};
 }
@@ -392,9 +526,9 @@ tl::expected<Server::Followed, std::string> Server::followDiscovery(
 }
 
 void Server::switchTo(std::shared_ptr<const Runtime> next,
-                      std::vector<std::vector<UniqueFd>> fds) {
+                      std::vector<std::vector<ListenSocket>> fds) {
     for (size_t w = 0; w < workers_.size(); ++w)
-        workers_[w]->reload(next, w < fds.size() ? std::move(fds[w]) : std::vector<UniqueFd>{});
+        workers_[w]->reload(next, w < fds.size() ? std::move(fds[w]) : std::vector<ListenSocket>{});
     // Done when every worker runs the new generation: from then on a new connection meets the
     // new config, and a removed listener's socket is closed. A worker answers within one ring
     // round trip; the bound only guards against one that is stuck.
@@ -436,6 +570,57 @@ void Server::rebuildLocked() {
         discovered = discovery_->sets();
     }
     switchTo(Runtime::build(rt->config, rt.get(), rt->config.workers, discovered), {});
+}
+
+void Server::addTakeoverChannel(UniqueFd channel, pid_t child) {
+    giver_->addChannel(std::move(channel), child);
+}
+
+std::vector<takeover::HandedSocket> Server::offer() {
+    std::vector<takeover::HandedSocket> out;
+    auto add = [&](const char* kind, const std::string& name, const SocketAddress& listen,
+                   const SocketAddress& bound, int fd, bool systemd = false) {
+        if (fd < 0) return;
+        UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+        if (!dup) {
+            LOG_WARN("takeover: dup of the %s socket %s: %s; not handed over", kind,
+                     bound.toString().c_str(), std::strerror(errno));
+            return;
+        }
+        out.push_back({kind, name, listen, bound, std::move(dup), systemd});
+    };
+    {
+        std::lock_guard lock(listening_mutex_);
+        for (const takeover::HandedSocket& s : listening_)
+            add("listener", s.name, s.listen, s.bound, s.fd.get(), s.systemd);
+    }
+    const Config cfg = config();
+    if (metrics_) {
+        SocketAddress at = cfg.metrics.listen;
+        at.setPort(metrics_->port());
+        add("metrics", "", cfg.metrics.listen, at, metrics_->listenFd());
+        at = cfg.metrics.health_listen;
+        if (metrics_->healthListenFd() >= 0) {
+            at.setPort(metrics_->healthPort());
+            add("health", "", cfg.metrics.health_listen, at, metrics_->healthListenFd());
+        }
+    }
+    if (admin_) add("admin", "", cfg.admin.listen, admin_->address(), admin_->listenFd());
+    if (giver_ && giver_->listenFd() >= 0) {
+        auto at = parseAddress("unix:" + giver_->path());
+        if (at) add("takeover", "", *at, *at, giver_->listenFd());
+    }
+    return out;
+}
+
+size_t Server::handOver() {
+    // Before the workers close them: no shutdown() of a socket the next relay listens on.
+    process_.listeners_handed_over.store(true);
+    if (metrics_) metrics_->handOver();
+    if (admin_) admin_->handOver();
+    drain();
+    std::lock_guard lock(listening_mutex_);
+    return listening_.size();
 }
 
 void Server::drain() {

@@ -33,14 +33,28 @@
 #include "metrics_endpoint.hpp"
 #include "runtime.hpp"
 #include "sockmap.hpp"
+#include "takeover.hpp"
 #include "worker.hpp"
 
 namespace zcrelay {
 
+// What a process starts with besides its config: the sockets the relay it takes over from
+// handed it (takeover.hpp), used in place of binding its own.
+struct StartWith {
+    std::vector<takeover::HandedSocket> handed;
+    // Taking over: a listener that wants the sockmap program and cannot load it stops the start
+    // (the running relay serves on) instead of running splice.
+    bool taking_over = false;
+    // A takeover that failed to take: the takeover socket at the config's path is the running
+    // relay's, and this one replaces it (the next --takeover comes here).
+    bool replace_takeover_socket = false;
+};
+
 class Server {
   public:
     // The error names what failed, e.g. "listener web: bind 127.0.0.1:80: Permission denied".
-    static tl::expected<std::unique_ptr<Server>, std::string> start(Config config);
+    static tl::expected<std::unique_ptr<Server>, std::string> start(Config config,
+                                                                    StartWith with = {});
     ~Server();
 
     // The current generation's config (a copy: discovery and the runtime API publish
@@ -73,6 +87,11 @@ class Server {
     bool finished() const;
     void join();
 
+    // Takeover (takeover.hpp), as the giver: a SIGUSR2 child's channel; whether the listening
+    // sockets went to a new process (which then serves; this one drains).
+    void addTakeoverChannel(UniqueFd channel, pid_t child);
+    bool handedOver() const { return giver_ && giver_->handedOver(); }
+
   private:
     Server() = default;
     // Hands `next` to every worker (with `fds`, its new listeners' sockets, per worker) and
@@ -93,7 +112,10 @@ class Server {
     // Where the relay listens with `config` and its listeners at `bound`: the metrics, health
     // and admin addresses as their endpoints bound them, as configured before they run.
     OwnEndpoints ownEndpoints(const Config& config, const std::vector<SocketAddress>& bound) const;
-    void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<UniqueFd>> fds);
+    void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<ListenSocket>> fds);
+    // The giver's hooks: dups of every socket to hand over; the hand-over itself.
+    std::vector<takeover::HandedSocket> offer();
+    size_t handOver();
     // A discovered set changed (or, `force`, a weight): the next generation, from the running
     // config. Any thread; when another publish holds the mutex, that one builds again as it
     // lets go.
@@ -122,6 +144,11 @@ class Server {
     std::unique_ptr<Discovery> discovery_;
     std::unique_ptr<MetricsEndpoint> metrics_;
     std::unique_ptr<AdminApi> admin_;
+    // One dup of each listening socket the workers accept on, with its listener, for the next
+    // relay: kept up to date by reloads (main thread), read by the giver's thread.
+    std::mutex listening_mutex_;
+    std::vector<takeover::HandedSocket> listening_;
+    std::unique_ptr<takeover::Giver> giver_;  // stopped first (declared last)
 };
 
 }  // namespace zcrelay

@@ -19,6 +19,7 @@ enum class SignalAction : uint8_t {
     Drain,      // stop accepting, let live connections finish within drain_timeout; twice: close
     Reload,     // re-read the config file (and reopen the access log)
     ReopenLog,  // reopen the access log file (logrotate's postrotate, nginx's USR1)
+    Upgrade,    // execute the binary again; the new process takes the sockets over (upgrade.hpp)
     Ignore,     // logged and counted, nothing else: sent by habit for other servers
 };
 
@@ -38,8 +39,9 @@ inline constexpr std::array kSignals = {
                "reload the config file, reopen the access log"},
     SignalSpec{SIGUSR1, "SIGUSR1", SignalAction::ReopenLog,
                "reopen the access log (nginx's convention)"},
-    SignalSpec{SIGUSR2, "SIGUSR2", SignalAction::Ignore,
-               "ignored (nginx: binary upgrade; HAProxy: master reload)"},
+    SignalSpec{SIGUSR2, "SIGUSR2", SignalAction::Upgrade,
+               "upgrade: run the binary on disk again, hand it the listening sockets, drain "
+               "(nginx's binary upgrade)"},
     SignalSpec{SIGALRM, "SIGALRM", SignalAction::Ignore, "ignored"},
     SignalSpec{SIGTTIN, "SIGTTIN", SignalAction::Ignore, "ignored (HAProxy: resume listeners)"},
     SignalSpec{SIGTTOU, "SIGTTOU", SignalAction::Ignore, "ignored (HAProxy: pause listeners)"},

@@ -55,7 +55,7 @@ bool wantsZerocopy(const Config& config) {
 }  // namespace
 
 Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
-               std::vector<UniqueFd> listen_fds, uint32_t max_conns, Sockmap* sockmap,
+               std::vector<ListenSocket> listen_fds, uint32_t max_conns, Sockmap* sockmap,
                uint32_t sockmap_base, ProcessShared& process)
     : id_(id),
       name_("w" + std::to_string(id)),
@@ -234,7 +234,7 @@ void Worker::endConnectionsOf(std::shared_ptr<BackendState> backend) {
     post(kCmdEndBackend);
 }
 
-void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds) {
+void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> new_fds) {
     {
         std::lock_guard lock(reload_mutex_);
         pending_rt_ = std::move(rt);
@@ -245,7 +245,7 @@ void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new
 
 void Worker::applyReload() {
     std::shared_ptr<const Runtime> next;
-    std::vector<UniqueFd> fds;
+    std::vector<ListenSocket> fds;
     {
         std::lock_guard lock(reload_mutex_);
         next = std::move(pending_rt_);

@@ -41,11 +41,11 @@ namespace zcrelay {
 
 class Worker {
   public:
-    // `listen_fds[i]` is this worker's socket for rt->listeners[i]. `max_conns`: this
+    // `listen_fds`: this worker's sockets for rt's listeners (one or more each). `max_conns`: this
     // worker's share of the process's fd budget, in connections (2 fds each). `sockmap`
     // (shared, may be null) holds records [sockmap_base, sockmap_base + 2 * max_conns) for
     // this worker: two per connection slot.
-    Worker(unsigned id, std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> listen_fds,
+    Worker(unsigned id, std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> listen_fds,
            uint32_t max_conns, Sockmap* sockmap, uint32_t sockmap_base, ProcessShared& process);
     ~Worker();
 
@@ -56,9 +56,9 @@ class Worker {
     // Close every connection now (a second SIGTERM).
     void stop() { post(kCmdStop); }
     // Switch to `rt` (SIGHUP): `new_fds` are this worker's sockets for the listeners of `rt`
-    // whose address no listener of the current generation has, in rt order. Live connections
-    // keep the generation they started in.
-    void reload(std::shared_ptr<const Runtime> rt, std::vector<UniqueFd> new_fds);
+    // whose address no listener of the current generation has. Live connections keep the
+    // generation they started in.
+    void reload(std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> new_fds);
     // The runtime API: close this worker's connections to `backend` (any generation).
     void endConnectionsOf(std::shared_ptr<BackendState> backend);
     // The generation this worker runs now (any thread): reload() is done when it reaches rt's.
@@ -103,7 +103,7 @@ class Worker {
     // reload() -> the worker thread: taken under the mutex once per reload, never per I/O.
     std::mutex reload_mutex_;
     std::shared_ptr<const Runtime> pending_rt_;
-    std::vector<UniqueFd> pending_fds_;
+    std::vector<ListenSocket> pending_fds_;
     std::vector<std::shared_ptr<BackendState>> pending_ends_;  // endConnectionsOf()
 
     // Owned by the worker thread from here on.

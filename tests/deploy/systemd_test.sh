@@ -73,7 +73,9 @@ grep -qx 'SystemCallFilter=bpf' "$dropin_src" || fail "the drop-in does not allo
 
 # Settings the relay's behaviour depends on.
 has() { grep -qx "$1" "$unit_src" || fail "$unit_src: no line '$1'"; }
-has 'Type=exec'
+has 'Type=notify'
+# A SIGUSR2 upgrade's new process says MAINPID=: systemd takes it from a non-main pid only so.
+has 'NotifyAccess=all'
 has 'ExecStart=/usr/bin/zcrelay -c /etc/zcrelay/zcrelay.yaml'
 has 'ExecReload=/bin/kill -HUP $MAINPID'
 has 'KillSignal=SIGTERM'

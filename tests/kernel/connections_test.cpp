@@ -135,7 +135,7 @@ class Lifecycle {
         // front_) and hands them to Connections as the Acceptor does; admission, the admit
         // queue and resumption are the Acceptor's all the same.
         gens_ = std::make_unique<Generations>(rt_, 0);
-        acceptor_ = std::make_unique<Acceptor>(0, std::vector<UniqueFd>{}, *gens_, process_, 64,
+        acceptor_ = std::make_unique<Acceptor>(0, std::vector<ListenSocket>{}, *gens_, process_, 64,
                                                stats_.accept_paused);
         now_ms = monotonicMs();
         paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_, 0);

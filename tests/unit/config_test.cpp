@@ -230,8 +230,8 @@ TEST(LoadConfig, StructureErrors) {
               "t.yaml:2:5: listeners[0]: missing `cluster` (or `upstream`, a one-backend cluster, or `routes`)");
     EXPECT_EQ(errorOfYaml(std::string("worker: 2\n") + kOneListener),
               "t.yaml:1:1: worker: unknown key; expected one of: workers, drain_timeout, "
-              "max_pipes, max_connections, user, group, metrics, access_log, resolvers, admin, "
-              "clusters, listeners");
+              "max_pipes, max_connections, user, group, takeover_socket, metrics, access_log, "
+              "resolvers, admin, clusters, listeners");
     EXPECT_EQ(errorOfYaml(std::string("workers: 2\nworkers: 3\n") + kOneListener),
               "t.yaml:2:1: workers: key given twice");
     EXPECT_EQ(errorOfYaml("just text\n"),
@@ -802,6 +802,20 @@ TEST(ConfigExamples, Unprivileged) {
     EXPECT_EQ(c.uid, nobody->uid);
     EXPECT_EQ(c.gid, nobody->gid);
     EXPECT_EQ(c.listeners.at(0).listen.port(), 80);
+}
+
+// takeover_socket: a path a unix socket address can hold, with room for the temporary name the
+// bind renames from; anything else is refused with its line.
+TEST(LoadConfig, TakeoverSocketIsAnAbsoluteShortPath) {
+    EXPECT_EQ(errorOfYaml(std::string("takeover_socket: run/x.sock\n") + kOneListener),
+              "t.yaml:1:18: takeover_socket: must be an absolute path of at most 80 bytes, e.g. "
+              "/run/zcrelay/takeover.sock");
+    EXPECT_EQ(errorOfYaml("takeover_socket: /" + std::string(90, 'x') + "\n" + kOneListener),
+              "t.yaml:1:18: takeover_socket: must be an absolute path of at most 80 bytes, e.g. "
+              "/run/zcrelay/takeover.sock");
+    const Config c =
+        loadConfigString(std::string("takeover_socket: /run/zcrelay/t.sock\n") + kOneListener, "t");
+    EXPECT_EQ(c.takeover_socket, "/run/zcrelay/t.sock");
 }
 
 }  // namespace

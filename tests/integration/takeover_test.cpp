@@ -1,0 +1,720 @@
+// Takeover through the real binary: a new relay takes the running one's listening sockets over
+// (`--takeover` on the config's takeover_socket, or SIGUSR2), starts on them, and only then does
+// the old one stop accepting and drain. The oracle is the client's and the kernel's: under a
+// continuous connection load, long byte-checked transfers and idle connections, no connection
+// is refused or reset, and this case's own network namespace counts no listen drop, overflow or
+// RST (/proc/net/netstat and /proc/net/snmp are per namespace: nothing else runs in it).
+//
+// Accept queues: connections queued on the old relay's sockets at the moment of the hand-over
+// are accepted by the new one; the same set-up with a plain restart (SIGTERM, then a start on
+// sockets of its own) resets them, so the case can fail.
+//
+// Failure paths: a new relay that fails to start after it was handed the sockets (the old one
+// serves on), a second taker while one is under way (refused), a taker of a protocol version the
+// old one does not speak and an old one of a version the new one does not speak (the new one
+// binds its own, loudly), a takeover while the old one drains (nothing to take: it binds its
+// own), and the old one killed -9 between the hand-over and the new one's READY (the new one
+// serves on the sockets it has).
+#include "takeover.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clock.hpp"
+#include "listener.hpp"
+#include "support/labels.hpp"
+#include "support/loopback.hpp"
+#include "support/relay_process.hpp"
+#include "support/short_connection_load.hpp"
+#include "takeover_wire.hpp"
+#include "unix_path.hpp"
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+constexpr Millis kIo{10'000};
+const std::string kTakeoversTotal = metricName(Metric::Takeovers);
+
+// ---- the kernel's count of refusals, for this case's namespace -------------------------------
+
+// TcpExt ListenDrops and ListenOverflows (a SYN or an ACK dropped at a full or closing listener)
+// and Tcp OutRsts (every RST sent, a refused SYN's included), AttemptFails and EstabResets.
+std::map<std::string, long long> tcpCounters() {
+    std::map<std::string, long long> out;
+    for (const char* file : {"/proc/net/netstat", "/proc/net/snmp"}) {
+        std::ifstream in(file);
+        std::string names, values;
+        while (std::getline(in, names) && std::getline(in, values)) {
+            std::istringstream n(names), v(values);
+            std::string prefix, name, value;
+            n >> prefix;
+            v >> value;
+            while (n >> name && v >> value) out[prefix + name] = std::stoll(value);
+        }
+    }
+    return out;
+}
+
+std::string refusalsSince(const std::map<std::string, long long>& before) {
+    std::map<std::string, long long> now = tcpCounters();
+    std::string out;
+    for (const char* key : {"TcpExt:ListenDrops", "TcpExt:ListenOverflows", "Tcp:OutRsts",
+                            "Tcp:AttemptFails", "Tcp:EstabResets"}) {
+        const long long delta = now[key] - before.at(key);
+        if (delta != 0) out += std::string(key) + " +" + std::to_string(delta) + " ";
+    }
+    return out;
+}
+
+// ---- what the cases share --------------------------------------------------------------------
+
+// One short exchange: 8 bytes through the relay to the echo and back. "" or what failed.
+std::string exchange(const std::string& host, uint16_t port) {
+    Connected c = connectTo(host, port, Millis{2'000});
+    if (!c.fd) return "connect: " + c.error;
+    const char out[8] = {'t', 'a', 'k', 'e', 'o', 'v', 'e', 'r'};
+    IoResult w = writeAll(c.fd.get(), out, sizeof out, kIo);
+    if (!w.ok()) return "send: " + w.describe();
+    char in[8] = {};
+    IoResult r = readExactly(c.fd.get(), in, sizeof in, kIo);
+    if (!r.ok()) return "echo: " + r.describe();
+    return std::string(in, 8) == std::string(out, 8) ? "" : "echo differs";
+}
+
+// Connections opened one after another, as fast as two threads can, each an exchange.
+class ExchangeLoad : public ShortConnectionLoad {
+  public:
+    ExchangeLoad(std::string host, uint16_t port)
+        : ShortConnectionLoad(
+              [host = std::move(host), port](int, int, const std::atomic<bool>&) {
+                  ShortVisit v;
+                  v.started = Clock::now();
+                  v.error = exchange(host, port);
+                  return v;
+              },
+              2, 20'000) {}
+};
+
+// A stream that lasts across the upgrade: 64 KiB pieces echoed back and checked, 20 ms apart.
+class PacedStream {
+  public:
+    PacedStream(const std::string& host, uint16_t port, uint64_t seed, int pieces)
+        : thread_([this, host, port, seed, pieces] { run(host, port, seed, pieces); }) {}
+    ~PacedStream() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+    std::string join() {
+        if (thread_.joinable()) thread_.join();
+        return error_;
+    }
+    int piecesDone() const { return done_.load(); }
+
+  private:
+    static constexpr uint64_t kPiece = 64 * 1024;
+    void run(const std::string& host, uint16_t port, uint64_t seed, int pieces) {
+        Connected c = connectTo(host, port, Millis{5'000});
+        if (!c.fd) {
+            error_ = "connect: " + c.error;
+            return;
+        }
+        PayloadVerifier check(seed);
+        std::vector<uint8_t> buf(kPiece);
+        for (int i = 0; i < pieces && !stop_; ++i) {
+            IoResult w = sendPayloadAt(c.fd.get(), seed, i * kPiece, kPiece, kIo);
+            if (!w.ok()) {
+                error_ = "piece " + std::to_string(i) + ": send: " + w.describe();
+                return;
+            }
+            IoResult r = readExactly(c.fd.get(), buf.data(), buf.size(), kIo);
+            if (!r.ok()) {
+                error_ = "piece " + std::to_string(i) + ": echo: " + r.describe();
+                return;
+            }
+            check.update(buf);
+            if (!check.intact()) {
+                error_ = "bytes differ at " + std::to_string(check.firstMismatch());
+                return;
+            }
+            ++done_;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        ::shutdown(c.fd.get(), SHUT_WR);
+        std::string rest;
+        IoResult end = readUntilEof(c.fd.get(), rest, kIo);
+        if (end.status != IoStatus::Eof || !rest.empty())
+            error_ = "end: " + end.describe() + ", " + std::to_string(rest.size()) + " bytes more";
+    }
+
+    std::atomic<bool> stop_{false};
+    std::atomic<int> done_{0};
+    std::string error_;
+    std::thread thread_;
+};
+
+RelayConfig takeoverConfig(const std::string& upstream, const std::string& mode,
+                           const std::string& socket_path) {
+    RelayConfig config = singleListenerConfig(upstream, mode);
+    config.drain_timeout = "120s";
+    config.extra_yaml = "takeover_socket: " + socket_path + "\n";
+    return config;
+}
+
+// The pid a SIGUSR2 parent logged for its new process, or 0.
+pid_t successorPid(const std::string& log) {
+    const std::string marker = "to take the listening sockets over";
+    const size_t at = log.rfind(marker);
+    if (at == std::string::npos) return 0;
+    const size_t pid_at = log.rfind(" as pid ", at);
+    return pid_at == std::string::npos ? 0 : std::atoi(log.c_str() + pid_at + 8);
+}
+
+// A SIGUSR2 child outlives its parent; as the subreaper of this case's processes, the test
+// reaps it once stopped. Only the pid its own relay named is signalled.
+void stopSuccessor(pid_t pid) {
+    if (pid <= 0) return;
+    ::kill(pid, SIGTERM);
+    for (int i = 0; i < 300; ++i) {
+        int status = 0;
+        if (::waitpid(pid, &status, WNOHANG) == pid) return;
+        if (::kill(pid, 0) != 0) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    ADD_FAILURE() << "the SIGUSR2 child " << pid << " did not drain within 15 s";
+}
+
+class TakeoverTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        // Orphans of this case's relays (a SIGUSR2 child whose parent exited) come here.
+        ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+        ASSERT_TRUE(up_.ok()) << up_.error();
+        socket_ = scratch_.file("takeover.sock");
+    }
+
+    ScriptedUpstream up_{AF_INET, echoScript()};
+    TempDir scratch_;
+    std::string socket_;
+};
+
+// =============================================================================================
+// An upgrade under load, every data path, by --takeover and by SIGUSR2.
+
+enum class Trigger { Flag, Sigusr2 };
+struct UpgradeCase {
+    std::string mode;
+    Trigger trigger;
+};
+std::string upgradeName(const ::testing::TestParamInfo<UpgradeCase>& info) {
+    return info.param.mode + (info.param.trigger == Trigger::Flag ? "_takeover" : "_sigusr2");
+}
+
+class UpgradeUnderLoad : public TakeoverTest, public ::testing::WithParamInterface<UpgradeCase> {};
+
+TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
+    const UpgradeCase& param = GetParam();
+    const int kIdle = kSanitized ? 200 : 1000;
+    const int kStreams = kSanitized ? 20 : 100;
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), param.mode, socket_)));
+    const std::string host = old.host();
+    const uint16_t port = old.port();
+
+    std::vector<Fd> idle;
+    for (int i = 0; i < kIdle; ++i) {
+        Connected c = connectTo(host, port);
+        ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
+        idle.push_back(std::move(c.fd));
+    }
+    std::vector<std::unique_ptr<PacedStream>> streams;
+    for (int i = 0; i < kStreams; ++i)
+        streams.push_back(std::make_unique<PacedStream>(host, port, 0x7A0 + i, 150));
+    ExchangeLoad load(host, port);
+    ASSERT_TRUE(load.waitForTotal(200, Millis{30'000})) << load.describeFailures();
+    ASSERT_TRUE(waitUntil(
+        [&] {
+            for (const auto& s : streams)
+                if (s->piecesDone() < 5) return false;
+            return true;
+        },
+        Millis{30'000}))
+        << "the streams did not get going";
+    const auto counters = tcpCounters();
+    const size_t before = load.total();
+
+    RelayProcess next;
+    pid_t child = 0;
+    if (param.trigger == Trigger::Flag) {
+        ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+        EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "taken_over"}}), 1.0);
+    } else {
+        ASSERT_TRUE(old.sendSignal(SIGUSR2));
+        ASSERT_TRUE(waitUntil([&] { return successorPid(old.stderrText()) > 0; }, Millis{10'000}))
+            << old.stderrText();
+        child = successorPid(old.stderrText());
+        // The metrics port is the new process's once it took over.
+        EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "taken_over"}}, 1.0))
+            << old.stderrText();
+    }
+    // The old relay stops accepting only now, and says so.
+    EXPECT_TRUE(waitUntil(
+        [&] { return old.stderrText().find("no longer accepting, draining") != std::string::npos; },
+        Millis{10'000}))
+        << old.stderrText();
+    // The load goes on for a second more: those connections are the new relay's.
+    const size_t at_ready = load.total();
+    EXPECT_TRUE(load.waitForTotal(at_ready + 100, Millis{10'000}));
+    load.stop();
+    for (auto& s : streams) EXPECT_EQ(s->join(), "");
+    EXPECT_TRUE(load.failures().empty()) << load.describeFailures();
+    EXPECT_GT(at_ready, before);
+
+    // The idle connections are the old relay's still: each works, then ends.
+    int idle_failed = 0;
+    std::string first;
+    for (Fd& fd : idle) {
+        const char ping[4] = {'p', 'i', 'n', 'g'};
+        char back[4] = {};
+        IoResult w = writeAll(fd.get(), ping, 4, kIo);
+        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
+        if (!r.ok() && idle_failed++ == 0) first = r.describe();
+    }
+    EXPECT_EQ(idle_failed, 0) << "the first: " << first;
+    EXPECT_EQ(refusalsSince(counters), "") << "the kernel refused or reset connections";
+    idle.clear();
+    // With its last connection gone, the old relay's drain ends and it exits 0.
+    std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
+    ASSERT_TRUE(gone) << "the old relay still runs: " << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    const std::string log = old.stderrText();
+    EXPECT_NE(log.find("handed over 2 listening sockets"), std::string::npos) << log;
+    // The new relay serves on.
+    EXPECT_EQ(exchange(host, port), "");
+    if (param.trigger == Trigger::Sigusr2) {
+        stopSuccessor(child);
+    } else {
+        EXPECT_TRUE(next.metric(metric::kConnectionsTotal, metric::listener()).value_or(0) > 0);
+        ExitStatus stopped = next.terminate();
+        EXPECT_TRUE(stopped.cleanExit()) << stopped.describe();
+    }
+}
+
+ZCRELAY_LABEL(UpgradeUnderLoad, RefusesAndResetsNothing, "", kCpuBound,
+              "1000 idle connections, 100 streams and a connection load through two relays");
+
+INSTANTIATE_TEST_SUITE_P(Paths, UpgradeUnderLoad,
+                         ::testing::Values(UpgradeCase{"splice", Trigger::Flag},
+                                           UpgradeCase{"copy", Trigger::Flag},
+                                           UpgradeCase{"sockmap", Trigger::Flag},
+                                           UpgradeCase{"auto", Trigger::Flag},
+                                           UpgradeCase{"splice", Trigger::Sigusr2},
+                                           UpgradeCase{"sockmap", Trigger::Sigusr2}),
+                         upgradeName);
+
+// =============================================================================================
+// Accept queues: 200 connections queued at the hand-over.
+
+class AcceptQueue : public TakeoverTest {
+  protected:
+    // The old relay runs with 200 open files: its fd budget (RLIMIT_NOFILE less what it keeps
+    // in reserve) admits a few dozen connections, and past them it arms no accept, so the rest
+    // of 200 clients wait in its sockets' accept queues: connected, as the kernel completes the
+    // handshake, not yet accepted. Returns all 200.
+    std::vector<Fd> queueBehindTheFdBudget(RelayProcess& old) {
+        old.setNofileLimit(200);
+        EXPECT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+        std::vector<Fd> queued;
+        for (int i = 0; i < 200; ++i) {
+            Connected c = connectTo(old.host(), old.port());
+            EXPECT_TRUE(c.fd) << "queued " << i << ": " << c.error;
+            if (c.fd) queued.push_back(std::move(c.fd));
+        }
+        EXPECT_TRUE(old.waitForMetric(
+            metric::kConnectionsActive, metric::listener(), [](double v) { return v > 0; },
+            "some accepted"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        accepted_by_old_ = old.metric(metric::kConnectionsActive, metric::listener()).value_or(0);
+        EXPECT_LE(accepted_by_old_, 50.0) << "the old relay should hold few, the kernel the rest";
+        return queued;
+    }
+
+    double accepted_by_old_ = 0;
+
+    // Each queued connection: an exchange. How many failed, and the first failure.
+    static std::pair<int, std::string> exchangeEach(std::vector<Fd>& queued) {
+        int failed = 0;
+        std::string first;
+        for (Fd& fd : queued) {
+            const char out[3] = {'q', 'u', 'e'};
+            char in[3] = {};
+            IoResult w = writeAll(fd.get(), out, 3, kIo);
+            IoResult r = w.ok() ? readExactly(fd.get(), in, 3, kIo) : w;
+            if (!r.ok() && failed++ == 0) first = r.describe();
+        }
+        return {failed, first};
+    }
+};
+
+TEST_F(AcceptQueue, ConnectionsQueuedAtTheHandOverAreAcceptedByTheNewRelay) {
+    RelayProcess old;
+    std::vector<Fd> queued = queueBehindTheFdBudget(old);
+    ASSERT_EQ(queued.size(), 200u);
+    if (HasFatalFailure()) return;
+    const auto counters = tcpCounters();
+    // The new relay has the usual fd budget: it accepts the whole queue.
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    auto [failed, first] = exchangeEach(queued);
+    EXPECT_EQ(failed, 0) << "the first: " << first;
+    EXPECT_EQ(refusalsSince(counters), "");
+    EXPECT_TRUE(
+        next.waitForMetric(metric::kConnectionsTotal, metric::listener(), 200 - accepted_by_old_))
+        << "the new relay accepted what waited in the queues";
+    queued.clear();
+    std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
+    ASSERT_TRUE(gone);
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+}
+
+// The same queue under a plain restart: the old relay's listening sockets leave their group at
+// SIGTERM, and the kernel resets what waits in them. What the takeover is for.
+TEST_F(AcceptQueue, APlainRestartResetsThem) {
+    RelayProcess old;
+    std::vector<Fd> queued = queueBehindTheFdBudget(old);
+    ASSERT_EQ(queued.size(), 200u);
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(old.sendSignal(SIGTERM));
+    ASSERT_TRUE(old.waitForMetric(metricName(Metric::Draining), {}, 1.0));
+    RelayProcess next;
+    ASSERT_TRUE(next.start(takeoverConfig(up_.hostPort(), "splice", scratch_.file("next.sock"))));
+    auto [failed, first] = exchangeEach(queued);
+    EXPECT_EQ(failed, 200 - static_cast<int>(accepted_by_old_))
+        << "what waited in the old relay's queues should be reset; first failure: " << first;
+    queued.clear();
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+}
+
+// =============================================================================================
+// Failure paths.
+
+// The new relay is handed the sockets, then fails to start (a listener of its config cannot
+// bind): it says ABORT, exits 1, and the old one serves on with nothing closed.
+TEST_F(TakeoverTest, ANewRelayThatFailsToStartLeavesTheOldOneServing) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    Listening taken = listenLoopback(AF_INET, 16);  // no SO_REUSEPORT: a bind beside it fails
+    ASSERT_TRUE(taken.fd) << taken.error;
+    RelayConfig broken = takeoverConfig(up_.hostPort(), "splice", socket_);
+    broken.listeners.push_back(broken.listeners[0]);
+    broken.listeners[1].name = "taken";
+    broken.listeners[1].listen = "127.0.0.1:" + std::to_string(taken.port);
+    const std::string path = scratch_.writeFile("broken.yaml", broken.yaml());
+    ExchangeLoad load(old.host(), old.port());
+    ASSERT_TRUE(load.waitForTotal(50, Millis{30'000}));
+    CommandResult next = runCommand({kRelayBinary, "-c", path, "--takeover"}, Millis{30'000});
+    EXPECT_EQ(next.status.code, 1) << next.describe();
+    EXPECT_NE(next.err.find("listener taken"), std::string::npos) << next.describe();
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 1.0));
+    const size_t after = load.total();
+    EXPECT_TRUE(load.waitForTotal(after + 50, Millis{10'000}));
+    load.stop();
+    EXPECT_TRUE(load.failures().empty()) << load.describeFailures();
+    EXPECT_NE(old.stderrText().find("this relay serves on"), std::string::npos);
+    // And a good takeover still works afterwards.
+    RelayProcess good;
+    ASSERT_TRUE(good.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+    EXPECT_EQ(exchange(good.host(), good.port()), "");
+}
+
+// This test plays a first taker that was handed the sockets and is not ready yet: a second
+// taker meanwhile is refused (busy) and does not start. When the first one goes away without
+// READY, the old relay serves on.
+TEST_F(TakeoverTest, ASecondTakerIsRefusedWhileOneIsUnderWay) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    auto channel = takeover::connectTo(socket_);
+    ASSERT_TRUE(channel) << channel.error().why;
+    auto first = takeover::take(std::move(*channel));
+    ASSERT_TRUE(first) << first.error().why;
+    EXPECT_GE(first->sockets.size(), 3u) << "2 listener sockets, metrics, the takeover socket";
+
+    CommandResult second =
+        runCommand({kRelayBinary, "-c", old.configPath(), "--takeover"}, Millis{30'000});
+    EXPECT_EQ(second.status.code, 1) << second.describe();
+    EXPECT_NE(second.err.find("is under way (busy)"), std::string::npos) << second.describe();
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0));
+
+    takeover::sayAborted(*first, "this test's taker gives up");
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 1.0));
+    EXPECT_NE(old.stderrText().find("this test's taker gives up"), std::string::npos);
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    EXPECT_TRUE(old.running());
+}
+
+// Versions: a taker that speaks only version 2 is refused by this one (version 1), which serves
+// on; a giver that offers version 2 makes this one bind its own sockets, loudly, and count it.
+TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    {
+        auto channel = takeover::connectTo(socket_);
+        ASSERT_TRUE(channel) << channel.error().why;
+        takeover::Message hello("HELLO");
+        hello.set("versions", "2").set("pid", "1").set("release", "future");
+        ASSERT_TRUE(takeover::send(channel->get(), hello, monotonicMs() + 5000));
+        auto answer = takeover::receive(channel->get(), monotonicMs() + 5000);
+        ASSERT_TRUE(answer) << answer.error();
+        EXPECT_EQ(answer->verb, "REFUSE");
+        EXPECT_EQ(answer->get("code"), "version");
+        EXPECT_EQ(answer->get("versions"), "1");
+    }
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0));
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    old.terminate();
+
+    // A giver of version 2 at the socket path: the new relay binds its own.
+    const std::string future = scratch_.file("future.sock");
+    auto listening = listenUnix(future, SOCK_SEQPACKET, 0600, false);
+    ASSERT_TRUE(listening) << listening.error();
+    std::thread giver([&] {
+        int fd = -1;
+        for (int i = 0; i < 500 && fd < 0; ++i) {
+            fd = ::accept4(listening->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        if (fd < 0) return;
+        Fd peer(fd);
+        (void)takeover::receive(fd, monotonicMs() + 5000);  // the HELLO
+        takeover::Message offer("OFFER");
+        offer.set("version", "2").set("pid", "1").set("release", "future").set("sockets", "0");
+        (void)takeover::send(fd, offer, monotonicMs() + 5000);
+    });
+    RelayProcess next;
+    const bool started = next.startWithArgs(
+        {"-c",
+         scratch_.writeFile("future.yaml", takeoverConfig(up_.hostPort(), "splice", future).yaml()),
+         "--takeover"});
+    giver.join();
+    ASSERT_TRUE(started);
+    EXPECT_NE(next.stderrText().find("offered protocol version 2, this binary speaks 1"),
+              std::string::npos)
+        << next.stderrText();
+    EXPECT_NE(next.stderrText().find("BINDING LISTENERS OF ITS OWN"), std::string::npos);
+    EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "fallback"}}), 1.0);
+    EXPECT_EQ(exchange(next.host(), next.port()), "");
+}
+
+// The old relay drains (SIGTERM, a live connection keeps it): it has nothing left to give, and
+// the new relay starts on sockets of its own, serving at once.
+TEST_F(TakeoverTest, ATakeoverWhileTheOldRelayDrainsBindsItsOwn) {
+    RelayConfig config = takeoverConfig(up_.hostPort(), "splice", socket_);
+    RelayProcess old;
+    ASSERT_TRUE(old.start(config));
+    Connected live = connectTo(old.host(), old.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    ASSERT_TRUE(old.waitForMetric(metric::kConnectionsActive, metric::listener(), 1.0));
+    ASSERT_TRUE(old.sendSignal(SIGTERM));
+    ASSERT_TRUE(old.waitForMetric(metricName(Metric::Draining), {}, 1.0));
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_NE(next.stderrText().find("draining: its listening sockets are closed"),
+              std::string::npos)
+        << next.stderrText();
+    EXPECT_EQ(exchange(next.host(), next.port()), "");
+    live.fd.reset();
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+}
+
+// The old relay dies (kill -9) in the middle of the hand-over: played by this test, which hands
+// over one of its two listening sockets and goes away before END. The new relay starts on the
+// socket it got and binds the rest: the connections queued on the socket it got are served, not
+// reset, though their old owner is gone.
+TEST_F(TakeoverTest, AGiverThatDiesInTheMiddleLeavesTheNewRelayServing) {
+    auto first = openListener(parseAddress("127.0.0.1:0").value());
+    ASSERT_TRUE(first) << first.error().message();
+    const SocketAddress bound = boundAddress(first->get()).value();
+    auto second = openListener(bound);  // the group's second socket, as a second worker's
+    ASSERT_TRUE(second) << second.error().message();
+    // Queued before any relay runs: the handshakes are the kernel's.
+    std::vector<Fd> queued;
+    for (int i = 0; i < 20; ++i) {
+        Connected c = connectTo("127.0.0.1", bound.port());
+        ASSERT_TRUE(c.fd) << c.error;
+        queued.push_back(std::move(c.fd));
+    }
+    const std::string dying = scratch_.file("dying.sock");
+    auto listening = listenUnix(dying, SOCK_SEQPACKET, 0600, false);
+    ASSERT_TRUE(listening) << listening.error();
+    RelayConfig config = takeoverConfig(up_.hostPort(), "splice", dying);
+    config.listeners[0].listen = bound.toString();
+    std::thread giver([&] {
+        int fd = -1;
+        for (int i = 0; i < 500 && fd < 0; ++i) {
+            fd = ::accept4(listening->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        if (fd < 0) return;
+        Fd peer(fd);
+        (void)takeover::receive(fd, monotonicMs() + 5000);  // the HELLO
+        takeover::Message offer("OFFER");
+        offer.set("version", "1").set("pid", "1").set("release", "dying").set("sockets", "2");
+        (void)takeover::send(fd, offer, monotonicMs() + 5000);
+        takeover::Message socket("SOCKET");
+        socket.set("kind", "listener").set("name", "t").set("listen", bound.toString());
+        socket.set("bound", bound.toString());
+        socket.fd = UniqueFd(::fcntl(first->get(), F_DUPFD_CLOEXEC, 0));
+        (void)takeover::send(fd, socket, monotonicMs() + 5000);
+        // Gone here, as a process killed -9 is: its end of the channel and its sockets close.
+    });
+    RelayProcess next;
+    const bool started =
+        next.startWithArgs({"-c", scratch_.writeFile("next.yaml", config.yaml()), "--takeover"});
+    giver.join();
+    ASSERT_TRUE(started);
+    EXPECT_NE(next.stderrText().find("broke off"), std::string::npos) << next.stderrText();
+    first->reset();
+    second->reset();  // the dead giver's: what was queued on it alone is lost with it
+    int served = 0;
+    for (Fd& fd : queued) {
+        const char out[2] = {'o', 'k'};
+        char in[2] = {};
+        if (!writeAll(fd.get(), out, 2, kIo).ok()) continue;
+        if (readExactly(fd.get(), in, 2, Millis{3'000}).ok()) ++served;
+    }
+    // The kernel hashed each connection to one of the two sockets; those of the one handed
+    // over are served.
+    EXPECT_GT(served, 0) << "none of the queue on the handed-over socket was served";
+    EXPECT_EQ(exchange("127.0.0.1", bound.port()), "");
+    EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "fallback"}}), 1.0);
+}
+
+// A taker of another user is refused before anything is passed (the socket file is 0600 as
+// well: this checks the relay's own test, with a peer that got past the mode).
+TEST_F(TakeoverTest, OnlyTheRelaysUserMayTakeOver) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    struct stat st {};
+    ASSERT_EQ(::stat(socket_.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ASSERT_EQ(::chmod(socket_.c_str(), 0666), 0);
+    // Readable by nobody: the config, and the way to it and to the socket.
+    ASSERT_EQ(::chmod(scratch_.path().c_str(), 0755), 0);
+    const std::string config = scratch_.writeFile("nobody.yaml", readFileText(old.configPath()));
+    ASSERT_EQ(::chmod(config.c_str(), 0644), 0);
+    CommandResult nobody = runCommand({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                       "--clear-groups", kRelayBinary, "-c", config, "--takeover"},
+                                      Millis{30'000});
+    EXPECT_EQ(nobody.status.code, 1) << nobody.describe();
+    EXPECT_NE(nobody.err.find("not the relay's user"), std::string::npos) << nobody.describe();
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0));
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// sd_notify: the relay tells a service manager (here this test, on the datagram socket it names
+// in NOTIFY_SOCKET) READY=1 once it listens, RELOADING=1 then READY=1 around a SIGHUP, and after
+// a SIGUSR2 upgrade the new process's MAINPID= with READY=1, so that systemd (Type=notify,
+// NotifyAccess=all) follows the new process when the old one exits.
+TEST_F(TakeoverTest, TheServiceManagerIsToldReadyReloadingAndTheNewMainPid) {
+    const std::string path = scratch_.file("notify.sock");
+    UniqueFd manager(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_un sun{};
+    sun.sun_family = AF_UNIX;
+    std::memcpy(sun.sun_path, path.c_str(), path.size());
+    ASSERT_EQ(::bind(manager.get(), reinterpret_cast<sockaddr*>(&sun), sizeof sun), 0);
+    auto next = [&]() -> std::string {
+        pollfd p{manager.get(), POLLIN, 0};
+        if (::poll(&p, 1, 10'000) != 1) return "(nothing within 10 s)";
+        char buf[512];
+        const ssize_t n = ::recv(manager.get(), buf, sizeof buf, 0);
+        return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "(recv failed)";
+    };
+    RelayProcess old;
+    old.setLaunchPrefix({"/usr/bin/env", "NOTIFY_SOCKET=" + path});
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    EXPECT_EQ(next(), "READY=1");
+    ASSERT_TRUE(old.reload(readFileText(old.configPath())));
+    EXPECT_EQ(next(), "RELOADING=1");
+    EXPECT_EQ(next(), "READY=1");
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    const std::string upgraded = next();
+    ASSERT_TRUE(waitUntil([&] { return successorPid(old.stderrText()) > 0; }, Millis{10'000}));
+    const pid_t child = successorPid(old.stderrText());
+    EXPECT_EQ(upgraded, "MAINPID=" + std::to_string(child) + "\nREADY=1");
+    // The old relay drains without a word: STOPPING=1 would tell systemd the service stops.
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+    pollfd p{manager.get(), POLLIN, 0};
+    EXPECT_EQ(::poll(&p, 1, 200), 0) << "the old relay said: " << next();
+    stopSuccessor(child);
+}
+
+// A relay that started as root and dropped to `user: nobody` executes its binary as nobody on
+// SIGUSR2: in splice mode the child needs nothing it lacks (the sockets are passed) and takes
+// over; in sockmap mode it cannot load the BPF program without its capabilities, so it refuses
+// to start, saying why, and the old relay serves on.
+class PrivilegedTakeover : public TakeoverTest,
+                           public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(PrivilegedTakeover, ANobodyRelayUpgradesWhatItCan) {
+    if (::getpwnam("nobody") == nullptr) GTEST_SKIP() << "this system has no user nobody";
+    RelayProcess old;
+    // Readable by nobody: the config, which the child re-reads as nobody.
+    ASSERT_EQ(::chmod(old.dir().c_str(), 0755), 0);
+    RelayConfig config = takeoverConfig(up_.hostPort(), GetParam(), socket_);
+    config.extra_yaml += "user: nobody\n";
+    ASSERT_TRUE(old.start(config));
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    if (GetParam() == "splice") {
+        EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "taken_over"}}, 1.0))
+            << old.stderrText();
+        EXPECT_TRUE(old.waitExit(Millis{30'000}));
+        EXPECT_EQ(exchange(old.host(), old.port()), "");
+        stopSuccessor(successorPid(old.stderrText()));
+        return;
+    }
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 1.0))
+        << old.stderrText();
+    EXPECT_NE(old.stderrText().find("a takeover keeps every listener's mode"), std::string::npos)
+        << old.stderrText();
+    EXPECT_TRUE(waitUntil(
+        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
+        Millis{10'000}))
+        << old.stderrText();
+    EXPECT_EQ(old.metric(metric::kDatapathInfo, metric::datapath("sockmap")), 1.0);
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    EXPECT_TRUE(old.running());
+}
+
+ZCRELAY_LABEL(PrivilegedTakeover, ANobodyRelayUpgradesWhatItCan, "", kHostPipePages,
+              "runs as nobody, whose pipe pages (fs.pipe-user-pages-*) are host-wide");
+
+INSTANTIATE_TEST_SUITE_P(Modes, PrivilegedTakeover, ::testing::Values("splice", "sockmap"),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
