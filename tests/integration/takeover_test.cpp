@@ -718,3 +718,43 @@ INSTANTIATE_TEST_SUITE_P(Modes, PrivilegedTakeover, ::testing::Values("splice", 
 
 }  // namespace
 }  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// SIGUSR2 runs the binary on disk now, not the one the process was started from: a package
+// upgrade replaces the file (a new inode renamed over the path), and the relay's new process
+// must be the new file. The test starts the relay from a copy, renames a second copy over it,
+// and compares the new process's /proc/PID/exe with the file now at the path.
+TEST_F(TakeoverTest, Sigusr2RunsTheBinaryNowOnDisk) {
+    const std::string bin = scratch_.file("zcrelay");
+    const std::string upgrade = scratch_.file("zcrelay.new");
+    for (const std::string& to : {bin, upgrade}) {
+        CommandResult cp = runCommand({"/bin/cp", kRelayBinary, to});
+        ASSERT_TRUE(cp.status.cleanExit()) << cp.describe();
+    }
+    RelayProcess old;
+    // bash execs the copy in place (the same pid), with the usual binary's arguments.
+    old.setLaunchPrefix({"/bin/bash", "-c", "exec " + bin + " \"${@:2}\"", "sh"});
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    struct stat first {};
+    ASSERT_EQ(::stat(bin.c_str(), &first), 0);
+    ASSERT_EQ(::rename(upgrade.c_str(), bin.c_str()), 0);
+    struct stat now {};
+    ASSERT_EQ(::stat(bin.c_str(), &now), 0);
+    ASSERT_NE(now.st_ino, first.st_ino);
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    ASSERT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "taken_over"}}, 1.0))
+        << old.stderrText();
+    const pid_t child = successorPid(old.stderrText());
+    ASSERT_GT(child, 0);
+    struct stat exe {};
+    ASSERT_EQ(::stat(("/proc/" + std::to_string(child) + "/exe").c_str(), &exe), 0);
+    EXPECT_EQ(exe.st_ino, now.st_ino) << "the new process runs the file now at " << bin;
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    stopSuccessor(child);
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
