@@ -13,6 +13,7 @@
 #include "listener.hpp"
 #include "log.hpp"
 #include "privileges.hpp"
+#include "server_sockets.hpp"
 #include "socket_activation.hpp"
 #include "unix_path.hpp"
 
@@ -22,133 +23,6 @@ constexpr uint64_t kReservedFds = 64;
 // Sockets the sockmap can hold (24 B of mmap()ed counters and a hash entry each): past
 // RLIMIT_NOFILE 1M the surplus connections run splice (counted as no_record).
 constexpr uint64_t kMaxSockmapRecords = 1u << 21;
-}  // namespace
-
-namespace {
-
-// The socket systemd passed for `addr` (socket activation), taken out of `inherited`; an
-// invalid fd if none was passed for it.
-UniqueFd takeInherited(std::vector<InheritedSocket>& inherited, const SocketAddress& addr) {
-    for (InheritedSocket& s : inherited) {
-        if (s.fd && s.address == addr) return std::move(s.fd);
-    }
-    return UniqueFd();
-}
-
-// The sockets a takeover handed over for listener `l`, taken out of `handed`: the previous
-// relay's, one per its worker. Matched as a reload matches (the address; a port-0 one by name
-// too).
-std::vector<takeover::HandedSocket> takeHanded(std::vector<takeover::HandedSocket>& handed,
-                                               const ListenerConfig& l) {
-    std::vector<takeover::HandedSocket> out;
-    for (takeover::HandedSocket& s : handed) {
-        if (s.fd && s.kind == "listener" && s.listen == l.listen &&
-            (l.listen.port() != 0 || s.name == l.name))
-            out.push_back(std::move(s));
-    }
-    return out;
-}
-
-// A handed-over socket of another kind (metrics, health, admin, takeover) at `listen`, or none.
-UniqueFd takeHandedOf(std::vector<takeover::HandedSocket>& handed, const char* kind,
-                      const SocketAddress& listen) {
-    for (takeover::HandedSocket& s : handed)
-        if (s.fd && s.kind == kind && s.listen == listen) return std::move(s.fd);
-    return UniqueFd();
-}
-
-// A listening socket as the next relay will be handed it: a dup, so that a worker closing its
-// own leaves this one.
-tl::expected<takeover::HandedSocket, std::string> handable(const ListenerConfig& l,
-                                                           const SocketAddress& bound, int fd) {
-    UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    if (!dup) return tl::unexpected("listener " + l.name + ": " + errnoText("dup"));
-    return takeover::HandedSocket{"listener", l.name, l.listen, bound, std::move(dup)};
-}
-
-// Each worker's sockets and, for the next relay, one dup of every distinct one.
-struct BoundListeners {
-    std::vector<std::vector<ListenSocket>> per_worker;
-    std::vector<takeover::HandedSocket> handable;
-};
-
-// Binds, for every worker, one SO_REUSEPORT socket per listener in `which` (indices into
-// config.listeners). `bound` gets where each really listens (port 0 resolved once, shared by
-// all workers' sockets). A listener whose address a socket in `inherited` has (systemd socket
-// activation) takes that socket instead, one fd of it per worker: the service manager keeps it
-// open across restarts, which sockets of the relay's own could not be. One that a takeover
-// handed over takes those sockets: all of them, as each holds its own accept queue and the
-// kernel keeps hashing new connections to each. With as many workers as the previous relay had,
-// each worker takes one; with fewer, some take several; with more, some share one.
-tl::expected<BoundListeners, std::string> bindListeners(
-    const Config& config, const std::vector<size_t>& which, std::vector<SocketAddress>& bound,
-    std::vector<InheritedSocket>& inherited, std::vector<takeover::HandedSocket>& handed,
-    std::vector<SocketAddress>& passed_addresses) {
-    BoundListeners out;
-    out.per_worker.resize(config.workers);
-    auto give = [&](unsigned w, size_t i, UniqueFd fd) {
-        out.per_worker[w].push_back(ListenSocket{i, std::move(fd)});
-    };
-    for (size_t i : which) {
-        const ListenerConfig& l = config.listeners[i];
-        SocketAddress addr = l.listen;
-        if (std::vector<takeover::HandedSocket> taken = takeHanded(handed, l); !taken.empty()) {
-            LOG_INFO("listener %s: listening on %zu socket%s handed over for %s", l.name.c_str(),
-                     taken.size(), taken.size() == 1 ? "" : "s", taken[0].bound.toString().c_str());
-            bound.push_back(taken[0].bound);
-            if (taken[0].systemd) passed_addresses.push_back(addr);
-            const size_t rounds = std::max<size_t>(taken.size(), config.workers);
-            for (size_t j = 0; j < rounds; ++j) {
-                const int fd = taken[j % taken.size()].fd.get();
-                UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-                if (!dup) return tl::unexpected("listener " + l.name + ": " + errnoText("dup"));
-                give(static_cast<unsigned>(j % config.workers), i, std::move(dup));
-            }
-            for (takeover::HandedSocket& s : taken) out.handable.push_back(std::move(s));
-            continue;
-        }
-        if (UniqueFd passed = takeInherited(inherited, addr)) {
-            LOG_INFO("listener %s: listening on the socket systemd passed for %s (fd %d)",
-                     l.name.c_str(), addr.toString().c_str(), passed.get());
-            bound.push_back(addr);
-            passed_addresses.push_back(addr);
-            auto kept = handable(l, addr, passed.get());
-            if (!kept) return tl::unexpected(kept.error());
-            kept->systemd = true;
-            out.handable.push_back(std::move(*kept));
-            // Every worker accepts on the one socket: each accept SQE takes its own connection.
-            for (unsigned w = 1; w < config.workers; ++w) {
-                UniqueFd dup(::fcntl(passed.get(), F_DUPFD_CLOEXEC, 0));
-                if (!dup)
-                    return tl::unexpected("listener " + l.name +
-                                          ": dup of the passed socket: " + std::strerror(errno));
-                give(w, i, std::move(dup));
-            }
-            give(0, i, std::move(passed));
-            continue;
-        }
-        for (unsigned w = 0; w < config.workers; ++w) {
-            auto fd = openListener(addr);
-            if (!fd) {
-                return tl::unexpected("listener " + l.name + ": " + fd.error().what + " " +
-                                      addr.toString() + ": " + std::strerror(fd.error().code));
-            }
-            if (w == 0) {
-                // With port 0 the first bind picks the port; the other workers join it.
-                auto got = boundAddress(fd->get());
-                if (!got)
-                    return tl::unexpected("listener " + l.name + ": " + got.error().message());
-                addr = *got;
-                bound.push_back(addr);
-            }
-            auto kept = handable(l, addr, fd->get());
-            if (!kept) return tl::unexpected(kept.error());
-            out.handable.push_back(std::move(*kept));
-            give(w, i, std::move(*fd));
-        }
-    }
-    return out;
-}
 
 // Without CAP_SYS_RESOURCE, F_SETPIPE_SZ past fs.pipe-max-size fails with EPERM: such a
 // listener's pipes never grow and splice 64 KiB at a time. Said once, at start, not per pipe.
@@ -570,57 +444,6 @@ void Server::rebuildLocked() {
         discovered = discovery_->sets();
     }
     switchTo(Runtime::build(rt->config, rt.get(), rt->config.workers, discovered), {});
-}
-
-void Server::addTakeoverChannel(UniqueFd channel, pid_t child) {
-    giver_->addChannel(std::move(channel), child);
-}
-
-std::vector<takeover::HandedSocket> Server::offer() {
-    std::vector<takeover::HandedSocket> out;
-    auto add = [&](const char* kind, const std::string& name, const SocketAddress& listen,
-                   const SocketAddress& bound, int fd, bool systemd = false) {
-        if (fd < 0) return;
-        UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-        if (!dup) {
-            LOG_WARN("takeover: dup of the %s socket %s: %s; not handed over", kind,
-                     bound.toString().c_str(), std::strerror(errno));
-            return;
-        }
-        out.push_back({kind, name, listen, bound, std::move(dup), systemd});
-    };
-    {
-        std::lock_guard lock(listening_mutex_);
-        for (const takeover::HandedSocket& s : listening_)
-            add("listener", s.name, s.listen, s.bound, s.fd.get(), s.systemd);
-    }
-    const Config cfg = config();
-    if (metrics_) {
-        SocketAddress at = cfg.metrics.listen;
-        at.setPort(metrics_->port());
-        add("metrics", "", cfg.metrics.listen, at, metrics_->listenFd());
-        at = cfg.metrics.health_listen;
-        if (metrics_->healthListenFd() >= 0) {
-            at.setPort(metrics_->healthPort());
-            add("health", "", cfg.metrics.health_listen, at, metrics_->healthListenFd());
-        }
-    }
-    if (admin_) add("admin", "", cfg.admin.listen, admin_->address(), admin_->listenFd());
-    if (giver_ && giver_->listenFd() >= 0) {
-        auto at = parseAddress("unix:" + giver_->path());
-        if (at) add("takeover", "", *at, *at, giver_->listenFd());
-    }
-    return out;
-}
-
-size_t Server::handOver() {
-    // Before the workers close them: no shutdown() of a socket the next relay listens on.
-    process_.listeners_handed_over.store(true);
-    if (metrics_) metrics_->handOver();
-    if (admin_) admin_->handOver();
-    drain();
-    std::lock_guard lock(listening_mutex_);
-    return listening_.size();
 }
 
 void Server::drain() {

@@ -19,6 +19,10 @@
 //          resolving to the relay itself is refused: the listeners as bound, and the metrics,
 //          health and admin addresses as configured, again with their ports once bound (port 0),
 //          and on every reload.
+//   takeover (takeover.hpp; the sockets in server_sockets.cpp): a new process starts on the
+//          sockets the running one handed it (StartWith) and binds only the rest; the running
+//          one's giver offers a dup of every listening socket, and once the new one is ready
+//          the hand-over drains this one without shutting any socket down.
 #include <memory>
 #include <mutex>
 #include <string>
