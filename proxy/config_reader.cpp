@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -16,9 +15,8 @@
 
 #include "clock.hpp"
 #include "result.hpp"
+#include "spawn.hpp"
 #include "unique_fd.hpp"
-
-extern char** environ;
 
 namespace zcrelay {
 namespace {
@@ -56,10 +54,7 @@ struct Child {
     UniqueFd out, err;
 };
 
-// posix_spawn (a vfork-style clone in glibc): safe from a process with threads, and nothing of
-// the relay runs in the child. Its fds are 0 = /dev/null, 1 and 2 the pipes, nothing else, even
-// an fd some library opened without O_CLOEXEC; its signal mask is empty (the relay blocks every
-// signal it takes), SIGPIPE back to the default.
+// The reader's fds are 0 = /dev/null, 1 and 2 the pipes, nothing else (spawn.hpp).
 tl::expected<Child, std::string> spawnReader(const std::vector<std::string>& args) {
     int out[2], err[2];
     if (::pipe2(out, O_CLOEXEC) != 0) return tl::unexpected(errnoText("pipe2", errno));
@@ -70,35 +65,14 @@ tl::expected<Child, std::string> spawnReader(const std::vector<std::string>& arg
     child.err.reset(err[0]);
     UniqueFd err_w(err[1]);
 
-    std::vector<std::string> words = {"zcrelay"};
-    words.insert(words.end(), args.begin(), args.end());
+    std::vector<std::string> words = args;
     words.push_back("--dump-config");
-    std::vector<char*> argv;
-    for (std::string& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_adddup2(&actions, out_w.get(), 1);
-    posix_spawn_file_actions_adddup2(&actions, err_w.get(), 2);
-    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     // /proc/self/exe: the binary this process runs, even if a package upgrade has replaced the
     // file since: the reader checks the config with the code that will apply it.
-    const int rc =
-        ::posix_spawn(&child.pid, "/proc/self/exe", &actions, &attr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) return tl::unexpected(errnoText("posix_spawn", rc));
+    auto pid =
+        spawnChild("/proc/self/exe", words, currentEnvironment(), {-1, out_w.get(), err_w.get()});
+    if (!pid) return tl::unexpected(pid.error());
+    child.pid = *pid;
     return child;
 }
 

@@ -1,5 +1,5 @@
 // Where a Server's listening sockets come from, and what it keeps of them for the next relay
-// (server_sockets.hpp), and the giver's side of a takeover: the dups it offers, the hand-over.
+// (server_sockets.hpp).
 #include "server_sockets.hpp"
 
 #include <fcntl.h>
@@ -8,7 +8,6 @@
 #include <cstring>
 
 #include "log.hpp"
-#include "server.hpp"
 
 namespace zcrelay {
 namespace {
@@ -122,57 +121,6 @@ tl::expected<BoundListeners, std::string> bindListeners(
         }
     }
     return out;
-}
-
-void Server::addTakeoverChannel(UniqueFd channel, pid_t child) {
-    giver_->addChannel(std::move(channel), child);
-}
-
-std::vector<takeover::HandedSocket> Server::offer() {
-    std::vector<takeover::HandedSocket> out;
-    auto add = [&](const char* kind, const std::string& name, const SocketAddress& listen,
-                   const SocketAddress& bound, int fd, bool systemd = false) {
-        if (fd < 0) return;
-        UniqueFd dup(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-        if (!dup) {
-            LOG_WARN("takeover: dup of the %s socket %s: %s; not handed over", kind,
-                     bound.toString().c_str(), std::strerror(errno));
-            return;
-        }
-        out.push_back({kind, name, listen, bound, std::move(dup), systemd});
-    };
-    {
-        std::lock_guard lock(listening_mutex_);
-        for (const takeover::HandedSocket& s : listening_)
-            add("listener", s.name, s.listen, s.bound, s.fd.get(), s.systemd);
-    }
-    const Config cfg = config();
-    if (metrics_) {
-        SocketAddress at = cfg.metrics.listen;
-        at.setPort(metrics_->port());
-        add("metrics", "", cfg.metrics.listen, at, metrics_->listenFd());
-        at = cfg.metrics.health_listen;
-        if (metrics_->healthListenFd() >= 0) {
-            at.setPort(metrics_->healthPort());
-            add("health", "", cfg.metrics.health_listen, at, metrics_->healthListenFd());
-        }
-    }
-    if (admin_) add("admin", "", cfg.admin.listen, admin_->address(), admin_->listenFd());
-    if (giver_ && giver_->listenFd() >= 0) {
-        auto at = parseAddress("unix:" + giver_->path());
-        if (at) add("takeover", "", *at, *at, giver_->listenFd());
-    }
-    return out;
-}
-
-size_t Server::handOver() {
-    // Before the workers close them: no shutdown() of a socket the next relay listens on.
-    process_.listeners_handed_over.store(true);
-    if (metrics_) metrics_->handOver();
-    if (admin_) admin_->handOver();
-    drain();
-    std::lock_guard lock(listening_mutex_);
-    return listening_.size();
 }
 
 }  // namespace zcrelay

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,8 +11,7 @@
 #include <cstring>
 
 #include "result.hpp"
-
-extern char** environ;
+#include "spawn.hpp"
 
 namespace zcrelay {
 namespace {
@@ -49,39 +47,14 @@ tl::expected<Successor, std::string> spawnSuccessor(const std::string& binary,
     next.channel.reset(pair[0]);
     UniqueFd child_end(pair[1]);
 
-    std::vector<std::string> words = {"zcrelay"};
-    words.insert(words.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (std::string& w : words) argv.push_back(w.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_words;
-    for (char** e = environ; *e != nullptr; ++e)
-        if (std::strncmp(*e, kVariable, std::strlen(kVariable)) != 0) env_words.emplace_back(*e);
-    env_words.push_back(std::string(kVariable) + "=" + std::to_string(kChannelFd));
-    std::vector<char*> envp;
-    for (std::string& w : env_words) envp.push_back(w.data());
-    envp.push_back(nullptr);
-
-    // posix_spawn as config_reader.cpp: safe with threads; the child gets stdin, stdout and
-    // stderr (the journal) and the channel as fd 3, nothing else; its signal mask empty.
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, child_end.get(), kChannelFd);
-    posix_spawn_file_actions_addclosefrom_np(&actions, kChannelFd + 1);
-    posix_spawnattr_t attr;
-    posix_spawnattr_init(&attr);
-    sigset_t none, defaults;
-    sigemptyset(&none);
-    sigemptyset(&defaults);
-    sigaddset(&defaults, SIGPIPE);
-    posix_spawnattr_setsigmask(&attr, &none);
-    posix_spawnattr_setsigdefault(&attr, &defaults);
-    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    const int rc =
-        ::posix_spawn(&next.pid, binary.c_str(), &actions, &attr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&actions);
-    posix_spawnattr_destroy(&attr);
-    if (rc != 0) return tl::unexpected(errnoText("executing " + binary, rc));
+    std::vector<std::string> env;
+    for (std::string& e : currentEnvironment())
+        if (!e.starts_with(std::string(kVariable) + "=")) env.push_back(std::move(e));
+    env.push_back(std::string(kVariable) + "=" + std::to_string(kChannelFd));
+    // The child keeps stdin, stdout and stderr (the journal), and the channel as fd 3.
+    auto pid = spawnChild(binary, args, env, {0, 1, 2, child_end.get()});
+    if (!pid) return tl::unexpected(pid.error());
+    next.pid = *pid;
     return next;
 }
 

@@ -202,6 +202,21 @@ void stopSuccessor(pid_t pid) {
     ADD_FAILURE() << "the SIGUSR2 child " << pid << " did not drain within 15 s";
 }
 
+// This test as a giver of its own (a future version, one that dies): the taker that connects
+// to `listening` within 10 s, once its HELLO has come; none if none did.
+Fd takerSaidHello(int listening) {
+    for (int i = 0; i < 500; ++i) {
+        Fd peer(::accept4(listening, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+        if (!peer) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            continue;
+        }
+        if (takeover::receive(peer.get(), monotonicMs() + 5000)) return peer;
+        return Fd();
+    }
+    return Fd();
+}
+
 class TakeoverTest : public ::testing::Test {
   protected:
     void SetUp() override {
@@ -497,14 +512,9 @@ TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
     auto listening = listenUnix(future, SOCK_SEQPACKET, 0600, false);
     ASSERT_TRUE(listening) << listening.error();
     std::thread giver([&] {
-        int fd = -1;
-        for (int i = 0; i < 500 && fd < 0; ++i) {
-            fd = ::accept4(listening->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        if (fd < 0) return;
-        Fd peer(fd);
-        (void)takeover::receive(fd, monotonicMs() + 5000);  // the HELLO
+        Fd peer = takerSaidHello(listening->get());
+        if (!peer) return;
+        const int fd = peer.get();
         takeover::Message offer("OFFER");
         offer.set("version", "2").set("pid", "1").set("release", "future").set("sockets", "0");
         (void)takeover::send(fd, offer, monotonicMs() + 5000);
@@ -568,14 +578,9 @@ TEST_F(TakeoverTest, AGiverThatDiesInTheMiddleLeavesTheNewRelayServing) {
     RelayConfig config = takeoverConfig(up_.hostPort(), "splice", dying);
     config.listeners[0].listen = bound.toString();
     std::thread giver([&] {
-        int fd = -1;
-        for (int i = 0; i < 500 && fd < 0; ++i) {
-            fd = ::accept4(listening->get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-            if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        }
-        if (fd < 0) return;
-        Fd peer(fd);
-        (void)takeover::receive(fd, monotonicMs() + 5000);  // the HELLO
+        Fd peer = takerSaidHello(listening->get());
+        if (!peer) return;
+        const int fd = peer.get();
         takeover::Message offer("OFFER");
         offer.set("version", "1").set("pid", "1").set("release", "dying").set("sockets", "2");
         (void)takeover::send(fd, offer, monotonicMs() + 5000);
