@@ -342,7 +342,9 @@ INSTANTIATE_TEST_SUITE_P(Paths, UpgradeUnderLoad,
                                            UpgradeCase{"sockmap", Trigger::Flag},
                                            UpgradeCase{"auto", Trigger::Flag},
                                            UpgradeCase{"splice", Trigger::Sigusr2},
-                                           UpgradeCase{"sockmap", Trigger::Sigusr2}),
+                                           UpgradeCase{"copy", Trigger::Sigusr2},
+                                           UpgradeCase{"sockmap", Trigger::Sigusr2},
+                                           UpgradeCase{"auto", Trigger::Sigusr2}),
                          upgradeName);
 
 // =============================================================================================
@@ -759,6 +761,47 @@ TEST_F(TakeoverTest, Sigusr2RunsTheBinaryNowOnDisk) {
     EXPECT_TRUE(old.waitExit(Millis{30'000}));
     EXPECT_EQ(exchange(old.host(), old.port()), "");
     stopSuccessor(child);
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// SIGUSR2 with a config file that no longer loads: the new process says why and exits 1 before
+// it asks for a socket, and the old relay counts the takeover failed and serves on. Then the
+// same with a new process that dies after it was handed the sockets (this test's taker closes
+// its channel without a word, as a crash would).
+TEST_F(TakeoverTest, ANewProcessThatDiesOrCannotLoadItsConfigChangesNothing) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    const std::string good = readFileText(old.configPath());
+    std::ofstream(old.configPath(), std::ios::trunc) << "listeners: [\n";
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 1.0));
+    EXPECT_TRUE(waitUntil(
+        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
+        Millis{10'000}))
+        << old.stderrText();
+    EXPECT_NE(old.stderrText().find("zcrelay.yaml"), std::string::npos)
+        << "the child's error names the file";
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    std::ofstream(old.configPath(), std::ios::trunc) << good;
+
+    auto channel = takeover::connectTo(socket_);
+    ASSERT_TRUE(channel) << channel.error().why;
+    auto taken = takeover::take(std::move(*channel));
+    ASSERT_TRUE(taken) << taken.error().why;
+    taken->channel.reset();  // gone without READY or ABORT
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 2.0));
+    EXPECT_NE(old.stderrText().find("it exited before it was ready"), std::string::npos);
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    // And an upgrade still works afterwards.
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    EXPECT_TRUE(old.waitExit(Millis{30'000})) << old.stderrText();
+    EXPECT_EQ(exchange(old.host(), old.port()), "");
+    stopSuccessor(successorPid(old.stderrText()));
 }
 
 }  // namespace
