@@ -47,9 +47,10 @@ void Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
         return;
     }
     if (a.fd >= 0) {
-        // Handed over, the sockets still listen in the next process: a connection this worker
-        // accepted as it stopped is served here, not reset.
-        if (draining_ && !process_.listeners_handed_over.load()) {
+        // A socket that listens on in the next process (handed over, or systemd's): a
+        // connection this worker accepted as it stopped is served here, not reset. One of the
+        // relay's own was shut down at the drain, its queue reset with it.
+        if (draining_ && !listensOnElsewhere(listeners_[li])) {
             rt().listeners[a.listener].shared->stats[worker_].rejected_draining.add();
             ::close(a.fd);
         } else if (!host_->accept(a.fd, a.listener, a.peer)) {
@@ -261,6 +262,12 @@ void Acceptor::drain() {
     }
 }
 
+bool Acceptor::listensOnElsewhere(const Listener& l) const {
+    const auto& passed = process_.passed_listeners;
+    return process_.listeners_handed_over.load() ||
+           std::find(passed.begin(), passed.end(), l.address) != passed.end();
+}
+
 void Acceptor::close(Listener& l) {
     // shutdown() first: it takes a listening socket out of LISTEN (and out of its
     // SO_REUSEPORT group) at once, even while an io_uring accept still holds a reference
@@ -272,10 +279,7 @@ void Acceptor::close(Listener& l) {
     // wait in its queue instead.
     // Nor one handed over to the next relay (takeover.hpp): it listens there now, with every
     // connection in its queue.
-    const auto& passed = process_.passed_listeners;
-    if (!process_.listeners_handed_over.load() &&
-        std::find(passed.begin(), passed.end(), l.address) == passed.end())
-        ::shutdown(l.fd.get(), SHUT_RDWR);
+    if (!listensOnElsewhere(l)) ::shutdown(l.fd.get(), SHUT_RDWR);
     ring_->cancelAndClose(l.fd.release());
     l.closed = true;
 }

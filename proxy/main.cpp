@@ -338,8 +338,10 @@ int main(int argc, char** argv) {
     std::optional<ConfigReader> loading;  // a SIGHUP's read under way
     bool reload_again = false;          // a SIGHUP came while it was: load the file once more
     while (!(*server)->finished()) {
-        // Short waits while a load runs, to apply it soon after it is done.
-        timespec wait{0, (loading ? 10 : 200) * 1000 * 1000};
+        // Short waits while a load runs, to apply it soon after it is done, and while draining,
+        // to exit as soon as the last connection is gone: under systemd's restart the next
+        // relay starts only then.
+        timespec wait{0, (loading || draining ? 10 : 200) * 1000 * 1000};
         const int sig = sigtimedwait(&set, nullptr, &wait);
         if (!draining && (*server)->handedOver()) draining = true;  // the giver logged it
         if (successor > 0) reapSuccessor(successor);
