@@ -264,7 +264,7 @@ void Acceptor::drain() {
 
 bool Acceptor::listensOnElsewhere(const Listener& l) const {
     const auto& passed = process_.passed_listeners;
-    return process_.listeners_handed_over.load() ||
+    return process_.listeners_handed_over.load() || process_.listeners_offered.load() ||
            std::find(passed.begin(), passed.end(), l.address) != passed.end();
 }
 

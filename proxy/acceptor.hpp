@@ -162,8 +162,9 @@ class Acceptor {
     // fd budget allows.
     void resume();
     void close(Listener& l);
-    // The socket outlives this process's use of it: handed over to the next relay, or held by
-    // systemd (socket activation). Closed without shutdown(), what it accepts served.
+    // The socket outlives this process's use of it: handed over (or offered) to the next
+    // relay, or held by systemd (socket activation). Closed without shutdown(), what it
+    // accepts served.
     bool listensOnElsewhere(const Listener& l) const;
     // The TCP options `config` asks for on client sockets, set on the listening socket: every
     // socket accepted from it inherits them.

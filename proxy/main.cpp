@@ -148,6 +148,9 @@ std::string takeOver(const CliOptions& options, const Config& config, Taking& ta
     auto inherited = takeSuccessorChannel();
     if (!inherited) return inherited.error();
     UniqueFd channel = std::move(*inherited);
+    // A SIGUSR2 child's parent is running and serving: a child that cannot take over from it
+    // must not bind sockets beside it.
+    const bool child = channel.valid();
     if (!channel && !options.takeover) return "";
     if (!channel) {
         if (config.takeover_socket.empty())
@@ -192,6 +195,10 @@ std::string takeOver(const CliOptions& options, const Config& config, Taking& ta
             taking.with.replace_takeover_socket = true;
             return "";
         case takeover::TakeError::Broken:
+            if (child && e.partial.empty())
+                return "takeover: the conversation with the relay that started this one broke "
+                       "off (" +
+                       e.why + "); it serves on";
             // Whatever came is kept (closing it could be the last reference to a socket with
             // connections queued); the rest is bound.
             LOG_ERROR(
@@ -202,6 +209,7 @@ std::string takeOver(const CliOptions& options, const Config& config, Taking& ta
             taking.with.replace_takeover_socket = true;
             return "";
         case takeover::TakeError::Unreachable:
+            if (child) return "takeover: " + e.why + "; the relay that started this one serves on";
             LOG_WARN("takeover: %s; starting on sockets of its own", e.why.c_str());
             return "";
     }

@@ -51,6 +51,9 @@ struct ProcessShared {
     // that the drain closes them without shutdown() (they listen on in that process) and serves
     // what it accepted as it stopped.
     std::atomic<bool> listeners_handed_over{false};
+    // Offered to a taker that is not ready yet (takeover.hpp): a drain that starts meanwhile
+    // closes them without shutdown() too, as the taker may be about to listen on them.
+    std::atomic<bool> listeners_offered{false};
     std::array<std::atomic<uint64_t>, kTakeoverResults.size()> takeovers{};
 };
 

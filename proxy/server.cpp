@@ -224,6 +224,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
                    : "";
     };
     giving.hand_over = [self] { return self->handOver(); };
+    giving.withdraw = [self] { self->process_.listeners_offered.store(false); };
     giving.count = [self](const char* result) {
         self->process_.takeovers[takeoverResult(result)].fetch_add(1);
     };
@@ -451,6 +452,7 @@ void Server::addTakeoverChannel(UniqueFd channel, pid_t child) {
 }
 
 std::vector<takeover::HandedSocket> Server::offer() {
+    process_.listeners_offered.store(true);
     std::vector<takeover::HandedSocket> out;
     auto add = [&](const char* kind, const std::string& name, const SocketAddress& listen,
                    const SocketAddress& bound, int fd, bool systemd = false) {

@@ -242,7 +242,7 @@ void Giver::run() {
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) {
             LOG_ERROR("takeover: poll: %s; no more takeovers from this process", strerror(errno));
-            return;
+            break;
         }
         if (p[0].revents) {
             uint64_t v = 0;
@@ -250,8 +250,9 @@ void Giver::run() {
             (void)ignored;
         }
         pid_t child = 0;
-        while (UniqueFd channel = takeChannel(child)) {
-            if (stopping_.load() || handed_over_.load()) break;
+        while (!stopping_.load() && !handed_over_.load()) {
+            UniqueFd channel = takeChannel(child);
+            if (!channel) break;
             converse(std::move(channel), "the SIGUSR2 child pid " + std::to_string(child));
         }
         if (!(p[1].revents & POLLIN) || handed_over_.load()) continue;
@@ -262,41 +263,54 @@ void Giver::run() {
         socklen_t len = sizeof cred;
         if (::getsockopt(peer.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
             (cred.uid != 0 && cred.uid != ::geteuid())) {
-            (void)receive(peer.get(), monotonicMs() + 1000);  // its HELLO
-            LOG_WARN("takeover: refused pid %d (uid %u): only uid %u or root may take over",
-                     static_cast<int>(cred.pid), cred.uid, ::geteuid());
-            Message no("REFUSE");
-            no.set("code", "denied")
-                .set("reason", "not the relay's user")
-                .set("pid", std::to_string(::getpid()));
-            (void)send(peer.get(), no, monotonicMs() + kStepMs);
-            hooks_.count("refused");
+            refuse(std::move(peer), "denied", "not the relay's user",
+                   "pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) +
+                       "): only uid " + std::to_string(::geteuid()) + " or root may take over");
             continue;
         }
         converse(std::move(peer), "pid " + std::to_string(cred.pid));
     }
+    // A SIGUSR2 child that came too late is told so: it must not start beside the relay that
+    // took over.
+    pid_t child = 0;
+    while (UniqueFd channel = takeChannel(child))
+        refuse(std::move(channel), "busy", "this relay handed its sockets over already",
+               "the SIGUSR2 child pid " + std::to_string(child));
+}
+
+void Giver::refuse(UniqueFd peer, const char* code, const std::string& reason,
+                   const std::string& who) {
+    // Its HELLO read first: a socket closed with a message unread makes the kernel report
+    // ECONNRESET to the other side before it can read our REFUSE.
+    (void)receive(peer.get(), monotonicMs() + 1000);
+    Message no("REFUSE");
+    no.set("code", code)
+        .set("reason", reason)
+        .set("pid", std::to_string(::getpid()))
+        .set("versions", versionList());
+    (void)send(peer.get(), no, monotonicMs() + 1000);
+    LOG_WARN("takeover: refused %s: %s", who.c_str(), reason.c_str());
+    hooks_.count("refused");
 }
 
 void Giver::refuseWaiting(const std::string& under_way) {
+    const std::string reason = "a takeover by " + under_way + " is under way";
+    pid_t child = 0;
+    while (UniqueFd channel = takeChannel(child))
+        refuse(std::move(channel), "busy", reason,
+               "the SIGUSR2 child pid " + std::to_string(child));
     if (!listen_) return;
     for (;;) {
         UniqueFd peer(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!peer) return;
-        (void)receive(peer.get(), monotonicMs() + 1000);  // its HELLO, read before the close
-        Message no("REFUSE");
-        no.set("code", "busy")
-            .set("reason", "a takeover by " + under_way + " is under way")
-            .set("pid", std::to_string(::getpid()));
-        (void)send(peer.get(), no, monotonicMs() + 1000);
-        LOG_WARN("takeover: refused a second taker while %s takes over", under_way.c_str());
-        hooks_.count("refused");
+        refuse(std::move(peer), "busy", reason, "a second taker");
     }
 }
 
 void Giver::converse(UniqueFd channel, const std::string& from) {
     const int64_t started_us = monotonicUs();
     const std::string self = std::to_string(::getpid());
-    auto refuse = [&](const char* code, const std::string& reason) {
+    auto say_no = [&](const char* code, const std::string& reason) {
         Message no("REFUSE");
         no.set("code", code).set("reason", reason).set("pid", self).set("versions", versionList());
         (void)send(channel.get(), no, monotonicMs() + kStepMs);
@@ -313,9 +327,9 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
     }
     const std::string who = from + " (zcrelay " + hello->get("release") + ")";
     if (!speaks(hello->get("versions"), kVersion))
-        return refuse("version", "it speaks protocol versions " + hello->get("versions") +
+        return say_no("version", "it speaks protocol versions " + hello->get("versions") +
                                      ", this relay " + versionList());
-    if (std::string why = hooks_.refusal(); !why.empty()) return refuse("draining", why);
+    if (std::string why = hooks_.refusal(); !why.empty()) return say_no("draining", why);
 
     std::vector<HandedSocket> sockets = hooks_.offer();
     Message offer("OFFER");
@@ -324,6 +338,7 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
         .set("release", ourRelease())
         .set("sockets", std::to_string(sockets.size()));
     auto failed = [&](const std::string& why) {
+        hooks_.withdraw();
         LOG_WARN("takeover by %s failed: %s; this relay serves on", who.c_str(), why.c_str());
         hooks_.count("failed");
     };
@@ -353,7 +368,12 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
         const int n = ::poll(p, 3, 1000);
         if (n < 0 && errno != EINTR) return failed(errnoText("poll"));
         if (stopping_.load()) return failed("this relay is stopping");
-        if (p[1].revents & POLLIN) refuseWaiting(who);
+        if (p[2].revents) {
+            uint64_t v = 0;
+            ssize_t ignored = ::read(wake_.get(), &v, sizeof v);
+            (void)ignored;
+        }
+        if ((p[1].revents & POLLIN) || p[2].revents) refuseWaiting(who);
         if (p[0].revents) break;
     }
     auto answer = receive(channel.get(), monotonicMs() + kStepMs);

@@ -106,8 +106,11 @@ tl::expected<UniqueFd, std::string> listenTakeover(const std::string& path, bool
 class Giver {
   public:
     struct Hooks {
-        // Dups of every socket to hand over.
+        // Dups of every socket to hand over. From here until withdraw() or hand_over(), a
+        // taker may hold them: a drain meanwhile must not shut them down.
         std::function<std::vector<HandedSocket>()> offer;
+        // The taker failed: the sockets are this relay's alone again.
+        std::function<void()> withdraw;
         // "" when sockets may be handed over, else the REFUSE reason (e.g. draining).
         std::function<std::string()> refusal;
         // The taker is ready: stop accepting, drain. Returns how many listeners it gave up.
@@ -137,8 +140,11 @@ class Giver {
     void run();
     // One taker, from HELLO to DONE (or its failure); `from` names it in the log.
     void converse(UniqueFd channel, const std::string& from);
-    // While a conversation waits: a second taker on the socket is refused.
+    // While a conversation waits: a second taker, on the socket or a SIGUSR2 channel, is
+    // refused (busy).
     void refuseWaiting(const std::string& under_way);
+    // REFUSE with `code` and `reason` to `peer` (`who` names it in the log), counted.
+    void refuse(UniqueFd peer, const char* code, const std::string& reason, const std::string& who);
     // A channel of a SIGUSR2 child, or -1.
     UniqueFd takeChannel(pid_t& child);
 

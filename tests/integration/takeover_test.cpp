@@ -806,3 +806,49 @@ TEST_F(TakeoverTest, ANewProcessThatDiesOrCannotLoadItsConfigChangesNothing) {
 
 }  // namespace
 }  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// While a taker holds the sockets and is not ready yet, the old relay is told to stop (SIGTERM)
+// and a SIGUSR2 asks for a second new process. The drain must not shut the sockets down (the
+// taker is about to listen on them), and the SIGUSR2 child is refused (busy) and exits: it must
+// not bind sockets beside the two. This test plays the first taker.
+TEST_F(TakeoverTest, ADrainOrASecondUpgradeDuringATakeoverLeavesTheTakersSockets) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    const uint16_t port = old.port();
+    auto channel = takeover::connectTo(socket_);
+    ASSERT_TRUE(channel) << channel.error().why;
+    auto taken = takeover::take(std::move(*channel));
+    ASSERT_TRUE(taken) << taken.error().why;
+
+    ASSERT_TRUE(old.sendSignal(SIGUSR2));
+    EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0))
+        << old.stderrText();
+    EXPECT_TRUE(waitUntil(
+        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
+        Millis{10'000}))
+        << old.stderrText();
+    EXPECT_EQ(loopbackListeners4(port), 2) << "the SIGUSR2 child bound sockets of its own";
+
+    ASSERT_TRUE(old.sendSignal(SIGTERM));
+    ASSERT_TRUE(waitUntil(
+        [&] { return old.stderrText().find("draining 0 connections") != std::string::npos; },
+        Millis{10'000}));
+    // Still listening: a connection is queued on the taker's sockets, not refused.
+    for (const takeover::HandedSocket& s : taken->sockets) {
+        if (s.kind != "listener") continue;
+        int listening = -1;
+        socklen_t len = sizeof listening;
+        ASSERT_EQ(::getsockopt(s.fd.get(), SOL_SOCKET, SO_ACCEPTCONN, &listening, &len), 0);
+        EXPECT_EQ(listening, 1) << "the drain shut a socket the taker holds down";
+    }
+    Connected queued = connectTo("127.0.0.1", port);
+    EXPECT_TRUE(queued.fd) << queued.error;
+    takeover::sayAborted(*taken, "this test's taker gives up");
+    EXPECT_TRUE(old.waitExit(Millis{30'000})) << old.stderrText();
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
