@@ -295,8 +295,12 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
         [&] { return old.stderrText().find("no longer accepting, draining") != std::string::npos; },
         Millis{10'000}))
         << old.stderrText();
-    // The load goes on for a second more: those connections are the new relay's.
+    // The load goes on: within a second the new relay has served some of it. (After the
+    // hand-over the metrics port is the new relay's, whichever way it was started.)
     const size_t at_ready = load.total();
+    EXPECT_TRUE(old.waitForMetric(
+        metric::kConnectionsTotal, metric::listener(), [](double v) { return v > 0; },
+        "the new relay served the load", Millis{1'000}));
     EXPECT_TRUE(load.waitForTotal(at_ready + 100, Millis{10'000}));
     load.stop();
     for (auto& s : streams) EXPECT_EQ(s->join(), "");
