@@ -109,8 +109,10 @@ Sockmap::~Sockmap() {
     if (records_) munmap(records_, records_bytes_);
     if (wake_lost_) munmap(wake_lost_, wake_lost_bytes_);
     for (int fd : wake_fds_) ::close(fd);
-    // Closing the maps frees them once no socket holds them; sockets still inside are taken
-    // out by the kernel (their psocks are dropped and their callbacks restored).
+    // Closing the maps frees them only once no socket is left in them: a socket still inside
+    // holds the SOCKHASH, and keeps redirecting with the verdict it was inserted with (the
+    // detach above notwithstanding), until it leaves the map or closes (proxy/kernel.md, "A
+    // SOCKHASH outlives its loader"). The workers take every socket out before they close it.
     if (skel_) relay_bpf::destroy(skel_);
 }
 

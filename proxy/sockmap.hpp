@@ -65,6 +65,14 @@ class Sockmap {
     // Kernel-side ids, for tests that inspect the maps from outside.
     uint32_t socksMapId() const;
     uint32_t linksMapId() const;
+    // The SOCKHASH's fd: what another process must hold for the program to keep redirecting
+    // once this one is gone (keepAttached()).
+    int socksFd() const { return socks_fd_; }
+    // Another process holds the SOCKHASH now (a dup of socksFd(), passed with SCM_RIGHTS): the
+    // destructor closes this process's fds without detaching the verdict, which stays attached
+    // while any fd of the SOCKHASH is open (proxy/kernel.md, "A SOCKHASH outlives its loader").
+    // A process that exits without destructors (killed) leaves it attached the same way.
+    void keepAttached() { attach_type_ = -1; }
 
   private:
     Sockmap() = default;
