@@ -195,10 +195,13 @@ std::string takeOver(const CliOptions& options, const Config& config, Taking& ta
             taking.with.replace_takeover_socket = true;
             return "";
         case takeover::TakeError::Broken:
-            if (child && e.partial.empty())
-                return "takeover: the conversation with the relay that started this one broke "
-                       "off (" +
-                       e.why + "); it serves on";
+            // Nothing came: the giver may be alive and slow (busy with another taker), and
+            // sockets bound beside it would make two relays. Starting again decides: a giver
+            // that died is no longer at its path.
+            if (e.partial.empty())
+                return "takeover: the conversation with pid " + std::to_string(e.giver) +
+                       " broke off before any socket came (" + e.why +
+                       "); not starting beside a relay that may still run";
             // Whatever came is kept (closing it could be the last reference to a socket with
             // connections queued); the rest is bound.
             LOG_ERROR(

@@ -856,3 +856,37 @@ TEST_F(TakeoverTest, ADrainOrASecondUpgradeDuringATakeoverLeavesTheTakersSockets
 
 }  // namespace
 }  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// A giver that goes away after its OFFER, before any socket: the new relay cannot tell a dead
+// giver from a slow one, so it does not start (two relays would serve beside each other); the
+// next start finds nothing at the path and binds its own.
+TEST_F(TakeoverTest, AGiverThatDiesBeforeAnySocketCameStopsTheStart) {
+    const std::string dying = scratch_.file("dying.sock");
+    auto listening = listenUnix(dying, SOCK_SEQPACKET, 0600, false);
+    ASSERT_TRUE(listening) << listening.error();
+    const std::string config =
+        scratch_.writeFile("next.yaml", takeoverConfig(up_.hostPort(), "splice", dying).yaml());
+    std::thread giver([&] {
+        Fd peer = takerSaidHello(listening->get());
+        if (!peer) return;
+        takeover::Message offer("OFFER");
+        offer.set("version", "1").set("pid", "1").set("release", "dying").set("sockets", "2");
+        (void)takeover::send(peer.get(), offer, monotonicMs() + 5000);
+    });
+    CommandResult first = runCommand({kRelayBinary, "-c", config, "--takeover"}, Millis{30'000});
+    giver.join();
+    EXPECT_EQ(first.status.code, 1) << first.describe();
+    EXPECT_NE(first.err.find("broke off before any socket came"), std::string::npos)
+        << first.describe();
+    listening->reset();  // the giver's socket gone with it: the path now answers nobody
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", config, "--takeover"}));
+    EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "fallback"}}), 1.0);
+    EXPECT_EQ(exchange(next.host(), next.port()), "");
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
