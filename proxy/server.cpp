@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "listener.hpp"
@@ -117,20 +118,31 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
         }
     }
     // The takeover socket: the previous relay's, handed over, or bound here, as root if the
-    // relay started so (its directory may be root's), before the drop below.
+    // relay started so (its directory may be root's), before the drop below. One bound here is
+    // published at its path only once the relay runs (takeover::bindTakeover), or just before
+    // the drop, when its directory may be writable by root alone.
     UniqueFd takeover_socket;
-    UnixFile takeover_file;
+    UnixFile takeover_file;  // read while the process may still reach it (before the drop)
+    std::optional<UnpublishedUnixSocket> unpublished;
     if (!cfg.takeover_socket.empty()) {
         auto at = parseAddress("unix:" + cfg.takeover_socket);
         if (at) takeover_socket = takeHandedOf(handed, "takeover", *at);
+        if (takeover_socket) takeover_file = UnixFile::at(cfg.takeover_socket);
         if (!takeover_socket) {
-            auto bound =
-                takeover::listenTakeover(cfg.takeover_socket, with.replace_takeover_socket);
+            auto bound = takeover::bindTakeover(cfg.takeover_socket, with.replace_takeover_socket);
             if (!bound) return tl::unexpected(bound.error());
-            takeover_socket = std::move(*bound);
+            unpublished.emplace(std::move(*bound));
         }
-        takeover_file = UnixFile::at(cfg.takeover_socket);
     }
+    auto publishTakeover = [&]() -> tl::expected<void, std::string> {
+        if (!unpublished) return {};
+        auto published = unpublished->publish();
+        unpublished.reset();
+        if (!published) return tl::unexpected("takeover_socket: " + published.error());
+        takeover_socket = std::move(*published);
+        takeover_file = UnixFile::at(cfg.takeover_socket);
+        return {};
+    };
     // Everything that needs root is open now: the listeners (ports below 1024), the sockmap
     // program and maps (CAP_BPF, CAP_NET_ADMIN, CAP_PERFMON). Drop it before the first thread
     // starts, because capabilities and the bounding set are per thread (privileges.hpp): the
@@ -138,6 +150,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
     // So the access log file is opened as the user, as its SIGHUP reopen will be; the metrics
     // address binds with CAP_NET_BIND_SERVICE, which stays.
     if (!cfg.user.empty()) {
+        if (auto published = publishTakeover(); !published)
+            return tl::unexpected(published.error());
         const std::string who =
             "user " + cfg.user + (cfg.group.empty() ? "" : ", group " + cfg.group);
         auto dropped = dropPrivileges(cfg.uid, cfg.gid, who);
@@ -228,6 +242,11 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
     giving.count = [self](const char* result) {
         self->process_.takeovers[takeoverResult(result)].fetch_add(1);
     };
+    if (auto published = publishTakeover(); !published) {
+        server->stop();
+        server->join();
+        return tl::unexpected(published.error());
+    }
     auto giver = takeover::Giver::start(std::move(takeover_file), std::move(takeover_socket),
                                         std::move(giving));
     if (!giver) {
@@ -483,7 +502,7 @@ std::vector<takeover::HandedSocket> Server::offer() {
     }
     if (admin_) add("admin", "", cfg.admin.listen, admin_->address(), admin_->listenFd());
     if (giver_ && giver_->listenFd() >= 0) {
-        auto at = parseAddress("unix:" + giver_->path());
+        auto at = parseAddress("unix:" + cfg.takeover_socket);
         if (at) add("takeover", "", *at, *at, giver_->listenFd());
     }
     return out;

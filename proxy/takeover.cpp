@@ -184,8 +184,9 @@ void sayAborted(Taken& taken, const std::string& why) {
 
 // ---- the giver -------------------------------------------------------------------------------
 
-tl::expected<UniqueFd, std::string> listenTakeover(const std::string& path, bool replace_live) {
-    auto bound = listenUnix(path, SOCK_SEQPACKET, 0600, replace_live);
+tl::expected<UnpublishedUnixSocket, std::string> bindTakeover(const std::string& path,
+                                                              bool replace_live) {
+    auto bound = bindUnix(path, SOCK_SEQPACKET, 0600, replace_live);
     if (!bound) return tl::unexpected("takeover_socket " + path + ": " + bound.error());
     return bound;
 }

@@ -96,10 +96,13 @@ void sayAborted(Taken& taken, const std::string& why);
 
 // ---- the giver -------------------------------------------------------------------------------
 
-// The takeover socket at `path`, made 0600 before anyone can connect: a stale one there is
+// The takeover socket for `path`, made 0600 before anyone can connect: a stale one there is
 // replaced, a live one (a running relay) refused unless `replace_live` (a taker that could not
-// take over). Bound while the process may still be root (Server::start), like the listeners.
-tl::expected<UniqueFd, std::string> listenTakeover(const std::string& path, bool replace_live);
+// take over). Bound while the process may still be root (Server::start), like the listeners,
+// and published at `path` only once the relay runs: a taker never finds a relay that is still
+// starting, and a relay that fails to start leaves the path to the one before it.
+tl::expected<UnpublishedUnixSocket, std::string> bindTakeover(const std::string& path,
+                                                              bool replace_live);
 
 // Runs on a thread of its own: accepts on the takeover socket (and any channel a SIGUSR2
 // child was given), one conversation at a time; a second taker meanwhile is refused (busy).
@@ -131,7 +134,6 @@ class Giver {
     void addChannel(UniqueFd channel, pid_t child);
     // The listening socket, to hand over (-1 without a path).
     int listenFd() const { return listen_.get(); }
-    const std::string& path() const { return file_.path; }
     // Handed over: the taker now serves (no more takeovers from this process).
     bool handedOver() const { return handed_over_.load(); }
 

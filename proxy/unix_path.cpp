@@ -64,14 +64,12 @@ void UnixFile::removeIfSame() const {
     if (now.dev == dev && now.ino == ino) ::unlink(path.c_str());
 }
 
-tl::expected<UniqueFd, std::string> listenUnix(const std::string& path, int type, mode_t mode,
-                                               bool replace_live) {
-    SocketAddress addr;
-    auto parsed = parseAddress("unix:" + path);
-    if (!parsed) return tl::unexpected(parsed.error());
-    addr = *parsed;
+tl::expected<UnpublishedUnixSocket, std::string> bindUnix(const std::string& path, int type,
+                                                          mode_t mode, bool replace_live) {
+    auto addr = parseAddress("unix:" + path);
+    if (!addr) return tl::unexpected(addr.error());
     if (!replace_live) {
-        if (auto cleared = clearUnixPath(addr, path); !cleared)
+        if (auto cleared = clearUnixPath(*addr, path); !cleared)
             return tl::unexpected(cleared.error());
     }
     const std::string temporary = path + ".new." + std::to_string(::getpid());
@@ -82,14 +80,30 @@ tl::expected<UniqueFd, std::string> listenUnix(const std::string& path, int type
     if (!fd) return tl::unexpected(errnoText("socket"));
     if (::bind(fd.get(), temp_addr->sockaddrPtr(), temp_addr->length) < 0)
         return tl::unexpected(errnoText("bind " + temporary));
-    // Before listen() and before the rename: until then nobody can connect under the umask's mode.
-    if (::chmod(temporary.c_str(), mode) < 0 || ::listen(fd.get(), 16) < 0 ||
-        ::rename(temporary.c_str(), path.c_str()) < 0) {
-        const std::string why = errnoText("chmod, listen or rename");
-        ::unlink(temporary.c_str());
-        return tl::unexpected(why);
-    }
-    return fd;
+    UnpublishedUnixSocket bound(std::move(fd), temporary, path);
+    // Before listen(): until then nobody can connect under the umask's mode.
+    if (::chmod(temporary.c_str(), mode) < 0)
+        return tl::unexpected(errnoText("chmod " + temporary));
+    return bound;
+}
+
+UnpublishedUnixSocket::~UnpublishedUnixSocket() {
+    if (!temporary_.empty()) ::unlink(temporary_.c_str());
+}
+
+tl::expected<UniqueFd, std::string> UnpublishedUnixSocket::publish() {
+    if (::listen(fd_.get(), 16) < 0) return tl::unexpected(errnoText("listen " + temporary_));
+    if (::rename(temporary_.c_str(), path_.c_str()) < 0)
+        return tl::unexpected(errnoText("rename " + temporary_ + " to " + path_));
+    temporary_.clear();
+    return std::move(fd_);
+}
+
+tl::expected<UniqueFd, std::string> listenUnix(const std::string& path, int type, mode_t mode,
+                                               bool replace_live) {
+    auto bound = bindUnix(path, type, mode, replace_live);
+    if (!bound) return tl::unexpected(bound.error());
+    return bound->publish();
 }
 
 }  // namespace zcrelay

@@ -6,6 +6,7 @@
 
 #include <string>
 #include <tl/expected.hpp>
+#include <utility>
 
 #include "address.hpp"
 #include "unique_fd.hpp"
@@ -31,10 +32,36 @@ struct UnixFile {
     void removeIfSame() const;
 };
 
-// A listening unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET) at `path`, its file made
-// `mode` before anyone can connect. It is bound at a temporary name and renamed over `path`, so
-// the path never lacks a listener; a socket already there that someone listens on is refused,
-// unless `replace_live`.
+// A listening unix socket bound at a temporary name beside `path` and not yet renamed over it:
+// nobody finds it at `path` until publish(). The temporary file goes with the object unless
+// it was published.
+class UnpublishedUnixSocket {
+  public:
+    UnpublishedUnixSocket(UniqueFd fd, std::string temporary, std::string path)
+        : fd_(std::move(fd)), temporary_(std::move(temporary)), path_(std::move(path)) {}
+    UnpublishedUnixSocket(UnpublishedUnixSocket&& other) noexcept
+        : fd_(std::move(other.fd_)),
+          temporary_(std::exchange(other.temporary_, std::string())),
+          path_(std::move(other.path_)) {}
+    UnpublishedUnixSocket& operator=(UnpublishedUnixSocket&&) = delete;
+    ~UnpublishedUnixSocket();
+
+    // Renames it over `path` (atomically: the path never lacks a listener, and a socket there
+    // before is replaced). The listening socket, from then on found at `path`.
+    tl::expected<UniqueFd, std::string> publish();
+
+  private:
+    UniqueFd fd_;
+    std::string temporary_;  // "" once published (or moved from)
+    std::string path_;
+};
+
+// A listening unix socket of `type` (SOCK_STREAM, SOCK_SEQPACKET) for `path`, its file made
+// `mode` before anyone can connect, bound at a temporary name until published. A socket already
+// at `path` that someone listens on is refused, unless `replace_live`.
+tl::expected<UnpublishedUnixSocket, std::string> bindUnix(const std::string& path, int type,
+                                                          mode_t mode, bool replace_live);
+// bindUnix, published at once.
 tl::expected<UniqueFd, std::string> listenUnix(const std::string& path, int type, mode_t mode,
                                                bool replace_live);
 

@@ -890,3 +890,43 @@ TEST_F(TakeoverTest, AGiverThatDiesBeforeAnySocketCameStopsTheStart) {
 
 }  // namespace
 }  // namespace zcrelay::test::takeover_test
+
+namespace zcrelay::test::takeover_test {
+namespace {
+
+// A new relay that takes nothing over (the old one drains) and then fails to start leaves the
+// takeover socket's path to the old relay: its own socket is published there only once it runs.
+TEST_F(TakeoverTest, ANewRelayThatFailsToStartLeavesThePathToTheOldOne) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
+    Connected live = connectTo(old.host(), old.port());
+    ASSERT_TRUE(live.fd) << live.error;
+    ASSERT_TRUE(old.waitForMetric(metric::kConnectionsActive, metric::listener(), 1.0));
+    ASSERT_TRUE(old.sendSignal(SIGTERM));
+    ASSERT_TRUE(old.waitForMetric(metricName(Metric::Draining), {}, 1.0));
+
+    Listening taken = listenLoopback(AF_INET, 16);  // no SO_REUSEPORT: a bind beside it fails
+    ASSERT_TRUE(taken.fd) << taken.error;
+    RelayConfig broken = takeoverConfig(up_.hostPort(), "splice", socket_);
+    broken.listeners[0].listen = "127.0.0.1:" + std::to_string(taken.port);
+    CommandResult next = runCommand(
+        {kRelayBinary, "-c", scratch_.writeFile("broken.yaml", broken.yaml()), "--takeover"},
+        Millis{30'000});
+    EXPECT_EQ(next.status.code, 1) << next.describe();
+
+    auto channel = takeover::connectTo(socket_);
+    ASSERT_TRUE(channel) << "nobody at the path: " << channel.error().why;
+    takeover::Message hello("HELLO");
+    hello.set("versions", "1").set("pid", "1").set("release", "test");
+    ASSERT_TRUE(takeover::send(channel->get(), hello, monotonicMs() + 5000));
+    auto answer = takeover::receive(channel->get(), monotonicMs() + 5000);
+    ASSERT_TRUE(answer) << answer.error();
+    EXPECT_EQ(answer->verb, "REFUSE");
+    EXPECT_EQ(answer->get("code"), "draining");
+    EXPECT_EQ(answer->get("pid"), std::to_string(old.pid())) << "the path is the old relay's";
+    live.fd.reset();
+    EXPECT_TRUE(old.waitExit(Millis{30'000}));
+}
+
+}  // namespace
+}  // namespace zcrelay::test::takeover_test
