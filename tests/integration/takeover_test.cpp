@@ -32,6 +32,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -99,17 +100,36 @@ std::string exchange(const std::string& host, uint16_t port) {
 }
 
 // Connections opened one after another, as fast as two threads can, each an exchange.
+// A failure says when its connection started, in ms from the moment markTrigger() was called
+// (before it: negative), so that a failure can be placed against the hand-over.
 class ExchangeLoad : public ShortConnectionLoad {
+    using Moment = std::shared_ptr<std::atomic<Clock::rep>>;
+
   public:
     ExchangeLoad(std::string host, uint16_t port)
+        : ExchangeLoad(std::move(host), port, std::make_shared<std::atomic<Clock::rep>>(0)) {}
+    void markTrigger() { *trigger_ = Clock::now().time_since_epoch().count(); }
+
+  private:
+    // The base starts its threads in its constructor: the moment they read is made first.
+    ExchangeLoad(std::string host, uint16_t port, Moment trigger)
         : ShortConnectionLoad(
-              [host = std::move(host), port](int, int, const std::atomic<bool>&) {
+              [host = std::move(host), port, trigger](int, int, const std::atomic<bool>&) {
                   ShortVisit v;
                   v.started = Clock::now();
                   v.error = exchange(host, port);
+                  if (!v.error.empty()) {
+                      const auto since = v.started - Clock::time_point(Clock::duration(*trigger));
+                      v.error += " (started at " +
+                                 std::to_string(std::chrono::duration_cast<Millis>(since).count()) +
+                                 " ms from the trigger)";
+                  }
                   return v;
               },
-              2, 20'000) {}
+              2, 20'000),
+          trigger_(std::move(trigger)) {}
+
+    Moment trigger_;
 };
 
 // A stream that lasts across the upgrade: 64 KiB pieces echoed back and checked, 20 ms apart.
@@ -278,6 +298,7 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
 
     RelayProcess next;
     pid_t child = 0;
+    load.markTrigger();
     if (param.trigger == Trigger::Flag) {
         ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
         EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "taken_over"}}), 1.0);
@@ -304,7 +325,12 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
     EXPECT_TRUE(load.waitForTotal(at_ready + 100, Millis{10'000}));
     load.stop();
     for (auto& s : streams) EXPECT_EQ(s->join(), "");
-    EXPECT_TRUE(load.failures().empty()) << load.describeFailures();
+    EXPECT_TRUE(load.failures().empty())
+        << load.describeFailures() << "\nthe old relay's log:\n"
+        << old.stderrText().substr(old.stderrText().size() > 6000 ? old.stderrText().size() - 6000
+                                                                  : 0)
+        << "\nthe new relay's log:\n"
+        << (param.trigger == Trigger::Flag ? next.stderrText() : std::string("(in the old one's)"));
     EXPECT_GT(at_ready, before);
 
     // The idle connections are the old relay's still: each works, then ends.
