@@ -11,6 +11,11 @@
 // so it covers the handshake, the accept on the far side (through the relay: its accept, its
 // upstream connect and both splices) and the echo.
 //
+// With --log FILE, every connection, ok or not, is also written there as one line
+// "start end outcome" (CLOCK_MONOTONIC seconds; outcome 0 ok, 1 refused, 2 reset, 3 timeout,
+// 4 other), for a bench that looks at when connections failed or paused (bench/upgrade.py).
+// --start-at T waits until CLOCK_MONOTONIC T before the first connection.
+//
 // Output: one JSON line on stdout,
 //   {"conns_per_s":..,"completed":..,"errors":..,"p50_us":..,"p99_us":..}
 // with an error breakdown on stderr when there were errors. Exit 0 if it ran (errors or not),
@@ -81,6 +86,8 @@ struct Options {
     double seconds = kDefaultSeconds;
     uint64_t max_count = kDefaultMaxCount;
     uint32_t src_ips = kDefaultSrcIps;
+    std::string log;      // --log FILE: every connection's times and outcome
+    double start_at = 0;  // --start-at T: CLOCK_MONOTONIC seconds to begin at
 };
 
 [[noreturn]] void usage(int code) {
@@ -89,6 +96,8 @@ struct Options {
                  "N (%llu)]\n"
                  "                 [--src-ips N (%u): source addresses 127.0.0.2.., 1 = let the "
                  "kernel pick]\n"
+                 "                 [--log FILE: each connection's start, end, outcome] "
+                 "[--start-at MONOTONIC_S]\n"
                  "Connects to 127.0.0.1:PORT, writes %zu B, reads the echo, closes; N in flight.\n",
                  kDefaultConns, kDefaultSeconds, static_cast<unsigned long long>(kDefaultMaxCount),
                  kDefaultSrcIps, kPayload);
@@ -119,6 +128,11 @@ Options parseArgs(int argc, char** argv) {
         } else if (a == "--src-ips") {
             o.src_ips = static_cast<uint32_t>(std::atoi(value()));
             if (o.src_ips < 1 || o.src_ips > 250) usage(2);
+        } else if (a == "--log") {
+            o.log = value();
+        } else if (a == "--start-at") {
+            o.start_at = std::atof(value());
+            if (!(o.start_at > 0)) usage(2);
         } else if (a == "-h" || a == "--help") {
             usage(0);
         } else {
@@ -146,8 +160,16 @@ class Generator {
             std::perror("epoll_create1");
             return false;
         }
+        if (opt_.start_at > 0) {
+            const int64_t at = static_cast<int64_t>(opt_.start_at * 1e9);
+            if (const int64_t left = at - nowNs(); left > 0 && left < 60'000'000'000) {
+                timespec ts{left / 1'000'000'000, left % 1'000'000'000};
+                ::nanosleep(&ts, nullptr);
+            }
+        }
         begin_ns_ = nowNs();
         stop_ns_ = begin_ns_ + static_cast<int64_t>(opt_.seconds * 1e9);
+        if (!opt_.log.empty()) log_.reserve(std::min<uint64_t>(opt_.max_count, 2'000'000));
         for (size_t i = 0; i < slots_.size(); ++i) startConn(i);
 
         std::vector<epoll_event> events(slots_.size());
@@ -165,6 +187,20 @@ class Generator {
         end_ns_ = nowNs();
         ::close(ep_);
         return true;
+    }
+
+    // --log: one line per connection, in the order they ended.
+    bool writeLog() const {
+        if (opt_.log.empty()) return true;
+        FILE* f = std::fopen(opt_.log.c_str(), "w");
+        if (f == nullptr) {
+            std::perror(opt_.log.c_str());
+            return false;
+        }
+        for (const Logged& l : log_)
+            std::fprintf(f, "%.6f %.6f %d\n", static_cast<double>(l.start_ns) / 1e9,
+                         static_cast<double>(l.end_ns) / 1e9, l.outcome);
+        return std::fclose(f) == 0;
     }
 
     void report() {
@@ -216,6 +252,7 @@ class Generator {
         while (mayStart()) {
             Slot& s = slots_[i];
             ++started_;
+            s.start_ns = nowNs();  // again just before connect(); this one dates an early failure
             s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_TCP);
             if (s.fd < 0) {
                 std::perror("socket");
@@ -322,6 +359,7 @@ class Generator {
     // err: 0 = success, -1 = already counted, else an errno to classify.
     void finish(size_t i, int err) {
         Slot& s = slots_[i];
+        if (!opt_.log.empty()) log_.push_back({s.start_ns, nowNs(), outcomeOf(err)});
         if (err == 0) {
             latencies_ns_.push_back(static_cast<uint32_t>(nowNs() - s.start_ns));
         } else if (err > 0) {
@@ -332,8 +370,26 @@ class Generator {
     }
 
     void fail(size_t i, int err) {
+        if (!opt_.log.empty()) log_.push_back({slots_[i].start_ns, nowNs(), outcomeOf(err)});
         classify(err);
         closeSlot(i);
+    }
+
+    // --log's outcome codes (the header comment); -1 is an early EOF, counted already.
+    static int outcomeOf(int err) {
+        switch (err) {
+            case 0:
+                return 0;
+            case ECONNREFUSED:
+                return 1;
+            case ECONNRESET:
+            case EPIPE:
+                return 2;
+            case ETIMEDOUT:
+                return 3;
+            default:
+                return 4;
+        }
     }
 
     void closeSlot(size_t i) {
@@ -385,6 +441,12 @@ class Generator {
     // Nanoseconds fit in 32 bits: no connection lives past its 2 s deadline.
     std::vector<uint32_t> latencies_ns_;
     ErrorCounts errors_;
+    struct Logged {
+        int64_t start_ns;
+        int64_t end_ns;
+        int outcome;
+    };
+    std::vector<Logged> log_;  // --log only
 };
 
 }  // namespace
@@ -394,5 +456,5 @@ int main(int argc, char** argv) {
     Generator gen(opt);
     if (!gen.run()) return 2;
     gen.report();
-    return 0;
+    return gen.writeLog() ? 0 : 2;
 }

@@ -4,8 +4,11 @@
 Usage: bench/upgrade.py [ROUNDS (5)]   (ZCRELAY_BUILD picks the build dir)
 
 An echo upstream (bench/echo_server from the build, else a small Python one), and a load of
-short connections, each: connect, send 8 bytes, read the 8 echoed, close; 2 client processes
-(one loop each, so no GIL between them) start a new one as soon as the last one ended. About
+short connections, each: connect, send a few bytes, read them echoed, close. The load is
+bench/conn_rate from the build (8 connections in flight, 64 B each, --log: every connection's
+times and outcome), else 2 Python client processes (8 B, one connection at a time each, one loop
+per process so no GIL between them; ZCRELAY_UPGRADE_CLIENT=python picks these anyway). The
+Python clients stall 2-4 ms now and then on their own, which hides a shorter gap. About
 1.5 s into the load the relay in front of the echo is upgraded (or restarted), and the load goes
 on for 2.5 s after that. Each attempt is recorded with its start, its end and its outcome: ok,
 refused, reset, timeout (1 s for the whole attempt), or other (e.g. closed before the echo).
@@ -66,6 +69,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD = os.environ.get("ZCRELAY_BUILD", os.path.join(HERE, "..", "build"))
 RELAY = os.path.join(BUILD, "zcrelay")
 ECHO = os.path.join(BUILD, "bench", "echo_server")
+CONN_RATE = os.path.join(BUILD, "bench", "conn_rate")
+# The load: bench/conn_rate (C, 8 connections in flight, 64 B echoed each; ~0.1 ms resolution)
+# when the build has it, else the Python clients (8 B, one at a time, ~2-4 ms stalls of their
+# own). ZCRELAY_UPGRADE_CLIENT=python picks the latter anyway.
+C_CLIENT = os.access(CONN_RATE, os.X_OK) and os.environ.get("ZCRELAY_UPGRADE_CLIENT") != "python"
+C_CONNS = 8
+PAYLOAD = 64 if C_CLIENT else 8
 HAPROXY = "/usr/sbin/haproxy"
 NGINX = "/usr/sbin/nginx"
 NGINX_STREAM = "/usr/lib/nginx/modules/ngx_stream_module.so"
@@ -329,8 +339,9 @@ while time.monotonic() < end:
 
 def start_echo(seconds):
     if os.access(ECHO, os.X_OK):
-        args = [ECHO, "--port", "0", "--seconds", str(int(seconds)), "--close-after", "8"]
-        what = "bench/echo_server --close-after 8"
+        args = [ECHO, "--port", "0", "--seconds", str(int(seconds)), "--close-after",
+                str(PAYLOAD)]
+        what = f"bench/echo_server --close-after {PAYLOAD}"
     else:
         args = [sys.executable, "-c", PY_ECHO, str(int(seconds))]
         what = "a Python echo (no bench/echo_server in the build)"
@@ -677,6 +688,16 @@ def make_way(name, tmp, tag, echo_port):
 def run_clients(tmp, tag, port):
     """Starts the client processes; once all are up, the times of the load, (start, trigger,
     end), are sent to them."""
+    if C_CLIENT:
+        # conn_rate waits for start_at itself; 0.3 s covers its start.
+        out = os.path.join(tmp, f"{tag}-conn_rate.txt")
+        start_at = time.monotonic() + 0.3
+        trig_at, end_at = start_at + BEFORE, start_at + BEFORE + AFTER
+        p = popen([CONN_RATE, "--port", str(port), "--conns", str(C_CONNS), "--seconds",
+                   str(BEFORE + AFTER), "--start-at", repr(start_at), "--log", out,
+                   "--max-count", str(MAX_ATTEMPTS * CLIENTS)],
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return [p], [out], trig_at, end_at
     outs = [os.path.join(tmp, f"{tag}-client{i}.txt") for i in range(CLIENTS)]
     procs = [popen([sys.executable, os.path.abspath(__file__), "--client", str(port),
                     str(MAX_ATTEMPTS), out], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -854,8 +875,10 @@ def main():
         subprocess.run(["rm", "-rf", "--", tmp], timeout=60)
 
     print(host)
-    print(f"command: bench/upgrade.py {rounds}   ({CLIENTS} client processes, short connections "
-          f"of 8 echoed bytes; load {BEFORE} s before the trigger, {AFTER} s after)")
+    load = (f"bench/conn_rate, {C_CONNS} connections in flight" if C_CLIENT
+            else f"{CLIENTS} Python client processes")
+    print(f"command: bench/upgrade.py {rounds}   ({load}, short connections of {PAYLOAD} echoed "
+          f"bytes; load {BEFORE} s before the trigger, {AFTER} s after)")
     print()
     print("| way | attempts | refused | reset | timeouts | other | longest gap ms "
           "| gap before ms | rate after/before | upgrade ms |")
