@@ -264,9 +264,10 @@ void Giver::run() {
         socklen_t len = sizeof cred;
         if (::getsockopt(peer.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0 ||
             (cred.uid != 0 && cred.uid != ::geteuid())) {
-            refuse(std::move(peer), "denied", "not the relay's user",
-                   "pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) +
-                       "): only uid " + std::to_string(::geteuid()) + " or root may take over");
+            refuseUnheard(std::move(peer), "denied", "not the relay's user",
+                          "pid " + std::to_string(cred.pid) + " (uid " + std::to_string(cred.uid) +
+                              "): only uid " + std::to_string(::geteuid()) +
+                              " or root may take over");
             continue;
         }
         converse(std::move(peer), "pid " + std::to_string(cred.pid));
@@ -275,49 +276,46 @@ void Giver::run() {
     // took over.
     pid_t child = 0;
     while (UniqueFd channel = takeChannel(child))
-        refuse(std::move(channel), "busy", "this relay handed its sockets over already",
-               "the SIGUSR2 child pid " + std::to_string(child));
+        refuseUnheard(std::move(channel), "busy", "this relay handed its sockets over already",
+                      "the SIGUSR2 child pid " + std::to_string(child));
 }
 
-void Giver::refuse(UniqueFd peer, const char* code, const std::string& reason,
-                   const std::string& who) {
-    // Its HELLO read first: a socket closed with a message unread makes the kernel report
-    // ECONNRESET to the other side before it can read our REFUSE.
-    (void)receive(peer.get(), monotonicMs() + 1000);
+void Giver::refuse(int peer, const char* code, const std::string& reason, const std::string& who) {
     Message no("REFUSE");
     no.set("code", code)
         .set("reason", reason)
         .set("pid", std::to_string(::getpid()))
         .set("versions", versionList());
-    (void)send(peer.get(), no, monotonicMs() + 1000);
+    (void)send(peer, no, monotonicMs() + 1000);
     LOG_WARN("takeover: refused %s: %s", who.c_str(), reason.c_str());
     hooks_.count("refused");
+}
+
+void Giver::refuseUnheard(UniqueFd peer, const char* code, const std::string& reason,
+                          const std::string& who) {
+    // Its HELLO read first: a socket closed with a message unread makes the kernel report
+    // ECONNRESET to the other side before it can read our REFUSE.
+    (void)receive(peer.get(), monotonicMs() + 1000);
+    refuse(peer.get(), code, reason, who);
 }
 
 void Giver::refuseWaiting(const std::string& under_way) {
     const std::string reason = "a takeover by " + under_way + " is under way";
     pid_t child = 0;
     while (UniqueFd channel = takeChannel(child))
-        refuse(std::move(channel), "busy", reason,
-               "the SIGUSR2 child pid " + std::to_string(child));
+        refuseUnheard(std::move(channel), "busy", reason,
+                      "the SIGUSR2 child pid " + std::to_string(child));
     if (!listen_) return;
     for (;;) {
         UniqueFd peer(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
         if (!peer) return;
-        refuse(std::move(peer), "busy", reason, "a second taker");
+        refuseUnheard(std::move(peer), "busy", reason, "a second taker");
     }
 }
 
 void Giver::converse(UniqueFd channel, const std::string& from) {
     const int64_t started_us = monotonicUs();
     const std::string self = std::to_string(::getpid());
-    auto say_no = [&](const char* code, const std::string& reason) {
-        Message no("REFUSE");
-        no.set("code", code).set("reason", reason).set("pid", self).set("versions", versionList());
-        (void)send(channel.get(), no, monotonicMs() + kStepMs);
-        LOG_WARN("takeover: refused %s: %s", from.c_str(), reason.c_str());
-        hooks_.count("refused");
-    };
     auto hello = receive(channel.get(), monotonicMs() + kStepMs);
     if (!hello || hello->verb != "HELLO") {
         // A SIGUSR2 child whose config did not load dies here, before a word.
@@ -328,9 +326,12 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
     }
     const std::string who = from + " (zcrelay " + hello->get("release") + ")";
     if (!speaks(hello->get("versions"), kVersion))
-        return say_no("version", "it speaks protocol versions " + hello->get("versions") +
-                                     ", this relay " + versionList());
-    if (std::string why = hooks_.refusal(); !why.empty()) return say_no("draining", why);
+        return refuse(channel.get(), "version",
+                      "it speaks protocol versions " + hello->get("versions") + ", this relay " +
+                          versionList(),
+                      from);
+    if (std::string why = hooks_.refusal(); !why.empty())
+        return refuse(channel.get(), "draining", why, from);
 
     std::vector<HandedSocket> sockets = hooks_.offer();
     Message offer("OFFER");

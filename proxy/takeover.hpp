@@ -146,7 +146,10 @@ class Giver {
     // refused (busy).
     void refuseWaiting(const std::string& under_way);
     // REFUSE with `code` and `reason` to `peer` (`who` names it in the log), counted.
-    void refuse(UniqueFd peer, const char* code, const std::string& reason, const std::string& who);
+    void refuse(int peer, const char* code, const std::string& reason, const std::string& who);
+    // The same to a peer whose HELLO is still unread, read first; the peer is closed after.
+    void refuseUnheard(UniqueFd peer, const char* code, const std::string& reason,
+                       const std::string& who);
     // A channel of a SIGUSR2 child, or -1.
     UniqueFd takeChannel(pid_t& child);
 

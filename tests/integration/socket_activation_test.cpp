@@ -25,16 +25,7 @@ constexpr Millis kDeadline{10'000};
 
 // One short exchange through the relay: 8 bytes echoed. Empty, or what went wrong.
 std::string exchange(uint16_t port) {
-    Connected c = connectTo("127.0.0.1", port);
-    if (!c.fd) return "connect: " + c.error;
-    const char out[8] = {'a', 'c', 't', 'i', 'v', 'a', 't', 'e'};
-    IoResult w = writeAll(c.fd.get(), out, sizeof out, kDeadline);
-    if (!w.ok()) return "send: " + w.describe();
-    char in[8] = {};
-    IoResult r = readExactly(c.fd.get(), in, sizeof in, kDeadline);
-    if (!r.ok()) return "echo: " + r.describe();
-    if (std::string(in, 8) != std::string(out, 8)) return "echo differs";
-    return "";
+    return echoExchange("127.0.0.1", port, Millis{5'000}, kDeadline);
 }
 
 RelayConfig configOn(uint16_t port, const ScriptedUpstream& up) {

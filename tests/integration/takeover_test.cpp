@@ -88,15 +88,7 @@ std::string refusalsSince(const std::map<std::string, long long>& before) {
 
 // One short exchange: 8 bytes through the relay to the echo and back. "" or what failed.
 std::string exchange(const std::string& host, uint16_t port) {
-    Connected c = connectTo(host, port, Millis{2'000});
-    if (!c.fd) return "connect: " + c.error;
-    const char out[8] = {'t', 'a', 'k', 'e', 'o', 'v', 'e', 'r'};
-    IoResult w = writeAll(c.fd.get(), out, sizeof out, kIo);
-    if (!w.ok()) return "send: " + w.describe();
-    char in[8] = {};
-    IoResult r = readExactly(c.fd.get(), in, sizeof in, kIo);
-    if (!r.ok()) return "echo: " + r.describe();
-    return std::string(in, 8) == std::string(out, 8) ? "" : "echo differs";
+    return echoExchange(host, port, Millis{2'000}, kIo);
 }
 
 // Connections opened one after another, as fast as two threads can, each an exchange.
@@ -220,6 +212,19 @@ void stopSuccessor(pid_t pid) {
     ::kill(pid, SIGKILL);
     ::waitpid(pid, nullptr, 0);
     ADD_FAILURE() << "the SIGUSR2 child " << pid << " did not drain within 15 s";
+}
+
+// This test as a taker speaking `versions`: what the relay at `path` answers its HELLO, or
+// what went wrong ("nobody at the path: ...").
+tl::expected<takeover::Message, std::string> answerToHello(const std::string& path,
+                                                           const char* versions) {
+    auto channel = takeover::connectTo(path);
+    if (!channel) return tl::unexpected("nobody at the path: " + channel.error().why);
+    takeover::Message hello("HELLO");
+    hello.set("versions", versions).set("pid", "1").set("release", "test");
+    if (auto sent = takeover::send(channel->get(), hello, monotonicMs() + 5000); !sent)
+        return tl::unexpected(sent.error());
+    return takeover::receive(channel->get(), monotonicMs() + 5000);
 }
 
 // This test as a giver of its own (a future version, one that dies): the taker that connects
@@ -524,12 +529,7 @@ TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
     RelayProcess old;
     ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
     {
-        auto channel = takeover::connectTo(socket_);
-        ASSERT_TRUE(channel) << channel.error().why;
-        takeover::Message hello("HELLO");
-        hello.set("versions", "2").set("pid", "1").set("release", "future");
-        ASSERT_TRUE(takeover::send(channel->get(), hello, monotonicMs() + 5000));
-        auto answer = takeover::receive(channel->get(), monotonicMs() + 5000);
+        auto answer = answerToHello(socket_, "2");
         ASSERT_TRUE(answer) << answer.error();
         EXPECT_EQ(answer->verb, "REFUSE");
         EXPECT_EQ(answer->get("code"), "version");
@@ -667,12 +667,6 @@ TEST_F(TakeoverTest, OnlyTheRelaysUserMayTakeOver) {
     EXPECT_EQ(exchange(old.host(), old.port()), "");
 }
 
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
-
 // sd_notify: the relay tells a service manager (here this test, on the datagram socket it names
 // in NOTIFY_SOCKET) READY=1 once it listens, RELOADING=1 then READY=1 around a SIGHUP, and after
 // a SIGUSR2 upgrade the new process's MAINPID= with READY=1, so that systemd (Type=notify,
@@ -753,12 +747,6 @@ ZCRELAY_LABEL(PrivilegedTakeover, ANobodyRelayUpgradesWhatItCan, "", kHostPipePa
 INSTANTIATE_TEST_SUITE_P(Modes, PrivilegedTakeover, ::testing::Values("splice", "sockmap"),
                          [](const auto& info) { return info.param; });
 
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
-
 // SIGUSR2 runs the binary on disk now, not the one the process was started from: a package
 // upgrade replaces the file (a new inode renamed over the path), and the relay's new process
 // must be the new file. The test starts the relay from a copy, renames a second copy over it,
@@ -792,12 +780,6 @@ TEST_F(TakeoverTest, Sigusr2RunsTheBinaryNowOnDisk) {
     EXPECT_EQ(exchange(old.host(), old.port()), "");
     stopSuccessor(child);
 }
-
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
 
 // SIGUSR2 with a config file that no longer loads: the new process says why and exits 1 before
 // it asks for a socket, and the old relay counts the takeover failed and serves on. Then the
@@ -833,12 +815,6 @@ TEST_F(TakeoverTest, ANewProcessThatDiesOrCannotLoadItsConfigChangesNothing) {
     EXPECT_EQ(exchange(old.host(), old.port()), "");
     stopSuccessor(successorPid(old.stderrText()));
 }
-
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
 
 // While a taker holds the sockets and is not ready yet, the old relay is told to stop (SIGTERM)
 // and a SIGUSR2 asks for a second new process. The drain must not shut the sockets down (the
@@ -880,12 +856,6 @@ TEST_F(TakeoverTest, ADrainOrASecondUpgradeDuringATakeoverLeavesTheTakersSockets
     EXPECT_TRUE(old.waitExit(Millis{30'000})) << old.stderrText();
 }
 
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
-
 // A giver that goes away after its OFFER, before any socket: the new relay cannot tell a dead
 // giver from a slow one, so it does not start (two relays would serve beside each other); the
 // next start finds nothing at the path and binds its own.
@@ -914,12 +884,6 @@ TEST_F(TakeoverTest, AGiverThatDiesBeforeAnySocketCameStopsTheStart) {
     EXPECT_EQ(exchange(next.host(), next.port()), "");
 }
 
-}  // namespace
-}  // namespace zcrelay::test::takeover_test
-
-namespace zcrelay::test::takeover_test {
-namespace {
-
 // A new relay that takes nothing over (the old one drains) and then fails to start leaves the
 // takeover socket's path to the old relay: its own socket is published there only once it runs.
 TEST_F(TakeoverTest, ANewRelayThatFailsToStartLeavesThePathToTheOldOne) {
@@ -940,12 +904,7 @@ TEST_F(TakeoverTest, ANewRelayThatFailsToStartLeavesThePathToTheOldOne) {
         Millis{30'000});
     EXPECT_EQ(next.status.code, 1) << next.describe();
 
-    auto channel = takeover::connectTo(socket_);
-    ASSERT_TRUE(channel) << "nobody at the path: " << channel.error().why;
-    takeover::Message hello("HELLO");
-    hello.set("versions", "1").set("pid", "1").set("release", "test");
-    ASSERT_TRUE(takeover::send(channel->get(), hello, monotonicMs() + 5000));
-    auto answer = takeover::receive(channel->get(), monotonicMs() + 5000);
+    auto answer = answerToHello(socket_, "1");
     ASSERT_TRUE(answer) << answer.error();
     EXPECT_EQ(answer->verb, "REFUSE");
     EXPECT_EQ(answer->get("code"), "draining");

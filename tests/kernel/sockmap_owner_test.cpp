@@ -24,6 +24,20 @@ namespace {
 
 constexpr uint64_t kHandedBytes = 1 * kMiB;
 
+// kHandedBytes from C arrive at U byte-exact: redirected, as A then shows (it received none).
+void expectRedirectedToU(Relayed& p) {
+    int c = p.client.get(), u = p.upstream.get();
+    IoResult sent, got;
+    PayloadVerifier at_u(kSeedUp);
+    {
+        Background send(c, [&] { sent = test::sendPayload(c, kSeedUp, kHandedBytes, 30s); });
+        got = readInto(u, at_u, kHandedBytes, 30s);
+        send.join();
+    }
+    EXPECT_TRUE(sent.ok()) << sent.describe();
+    EXPECT_TRUE(got.ok() && at_u.intact()) << "at U: " << describe(got, at_u);
+}
+
 TEST_P(SockmapTest, ASockhashWhoseLoaderIsGoneRedirectsWhileAnotherFdHoldsIt) {
     Relayed* p = connectPair();
     ASSERT_NE(p, nullptr);
@@ -35,16 +49,7 @@ TEST_P(SockmapTest, ASockhashWhoseLoaderIsGoneRedirectsWhileAnotherFdHoldsIt) {
     map_->keepAttached();
     map_.reset();  // the loader's fds closed: the program's, every map's, the counters' mapping
 
-    int c = p->client.get(), u = p->upstream.get();
-    IoResult sent, got;
-    PayloadVerifier at_u(kSeedUp);
-    {
-        Background send(c, [&] { sent = test::sendPayload(c, kSeedUp, kHandedBytes, 30s); });
-        got = readInto(u, at_u, kHandedBytes, 30s);
-        send.join();
-    }
-    EXPECT_TRUE(sent.ok()) << sent.describe();
-    EXPECT_TRUE(got.ok() && at_u.intact()) << "at U: " << describe(got, at_u);
+    expectRedirectedToU(*p);
     EXPECT_EQ(inq(p->a.get()), 0u) << "A received bytes: the program no longer redirects";
     EXPECT_EQ(countKeys(id), 2) << "both sockets still in the SOCKHASH";
 }
@@ -58,16 +63,7 @@ TEST_P(SockmapTest, ASockhashWithNoFdLeftRedirectsWhileItsSocketsLive) {
     map_->keepAttached();
     map_.reset();  // and nobody else holds the SOCKHASH
 
-    int c = p->client.get(), u = p->upstream.get();
-    IoResult sent, got;
-    PayloadVerifier at_u(kSeedUp);
-    {
-        Background send(c, [&] { sent = test::sendPayload(c, kSeedUp, kHandedBytes, 30s); });
-        got = readInto(u, at_u, kHandedBytes, 30s);
-        send.join();
-    }
-    EXPECT_TRUE(sent.ok()) << sent.describe();
-    EXPECT_TRUE(got.ok() && at_u.intact()) << "at U: " << describe(got, at_u);
+    expectRedirectedToU(*p);
     EXPECT_EQ(inq(p->a.get()), 0u) << "A received bytes: the program no longer redirects";
     EXPECT_EQ(countKeys(id), 2) << "both sockets still in the SOCKHASH, found by its id";
     // The sockets hold the map: once they close, the kernel frees it (after an RCU grace
@@ -93,16 +89,7 @@ TEST_P(SockmapTest, ADetachLeavesTheSocketsAlreadyInTheMapRedirecting) {
     ASSERT_FALSE(s.fell_back) << label(s.reason);
     map_.reset();  // bpf_prog_detach2, then every fd closed
 
-    int c = p->client.get(), u = p->upstream.get();
-    IoResult sent, got;
-    PayloadVerifier at_u(kSeedUp);
-    {
-        Background send(c, [&] { sent = test::sendPayload(c, kSeedUp, kHandedBytes, 30s); });
-        got = readInto(u, at_u, kHandedBytes, 30s);
-        send.join();
-    }
-    EXPECT_TRUE(sent.ok()) << sent.describe();
-    EXPECT_TRUE(got.ok() && at_u.intact()) << "at U: " << describe(got, at_u);
+    expectRedirectedToU(*p);
     EXPECT_EQ(inq(p->a.get()), 0u) << "A received bytes: the detach stopped the verdict";
 }
 

@@ -346,6 +346,19 @@ IoResult readUntilEof(int fd, std::string& out, Millis timeout, size_t limit, Ca
         timeout, cancel);
 }
 
+std::string echoExchange(const std::string& host, uint16_t port, Millis connect_timeout,
+                         Millis io_timeout) {
+    Connected c = connectTo(host, port, connect_timeout);
+    if (!c.fd) return "connect: " + c.error;
+    const char out[8] = {'e', 'x', 'c', 'h', 'a', 'n', 'g', 'e'};
+    IoResult w = writeAll(c.fd.get(), out, sizeof out, io_timeout);
+    if (!w.ok()) return "send: " + w.describe();
+    char in[8] = {};
+    IoResult r = readExactly(c.fd.get(), in, sizeof in, io_timeout);
+    if (!r.ok()) return "echo: " + r.describe();
+    return std::string(in, 8) == std::string(out, 8) ? "" : "echo differs";
+}
+
 IoResult waitForPeerClose(int fd, Millis timeout) {
     return readStreamUntilEof(fd, nullptr, timeout, nullptr);
 }

@@ -147,6 +147,12 @@ IoResult readUntilEof(int fd, std::string& out, Millis timeout = kDefaultIoTimeo
 // Reads until EOF handing every chunk to `onData`. Status Eof on success.
 IoResult readStreamUntilEof(int fd, const std::function<void(std::span<const uint8_t>)>& onData,
                             Millis timeout = kDefaultIoTimeout, CancelFlag cancel = nullptr);
+// One short exchange with an echo behind host:port (a relay in front of one, usually): 8 bytes
+// out, the same 8 back. "" when it went so, else what failed ("connect: ...", "send: ...",
+// "echo: ...", "echo differs").
+std::string echoExchange(const std::string& host, uint16_t port, Millis connect_timeout,
+                         Millis io_timeout);
+
 // Waits until the peer has closed (EOF or RST), discarding anything that arrives.
 // Status Eof or Reset when it happened, Timeout otherwise.
 IoResult waitForPeerClose(int fd, Millis timeout);
