@@ -61,6 +61,7 @@ void Acceptor::onAccept(uint32_t li, uint8_t aux, int res, int64_t now_ms) {
         if (host_->live() >= max_conns_) pause();
     }
     arm(li);
+    if (listeners_[li].sweep > 0 && listeners_[li].armed == 0) sweep(listeners_[li]);
 }
 
 void Acceptor::armAll() {
@@ -149,9 +150,7 @@ void Acceptor::pause() {
     paused_ = true;
     for (Listener& l : listeners_) {
         if (l.closed || l.armed == 0) continue;
-        io_uring_sqe* sqe = ring_->sqe();
-        io_uring_prep_cancel_fd(sqe, l.fd.get(), IORING_ASYNC_CANCEL_ALL);
-        io_uring_sqe_set_data64(sqe, UserData{}.pack());
+        ring_->cancel(l.fd.get());
     }
 }
 
@@ -262,10 +261,36 @@ void Acceptor::drain() {
     }
 }
 
+bool Acceptor::sweeping() const {
+    return std::any_of(listeners_.begin(), listeners_.end(),
+                       [](const Listener& l) { return l.sweep > 0; });
+}
+
 bool Acceptor::listensOnElsewhere(const Listener& l) const {
     const auto& passed = process_.passed_listeners;
     return process_.listeners_handed_over.load() || process_.listeners_offered.load() ||
            std::find(passed.begin(), passed.end(), l.address) != passed.end();
+}
+
+void Acceptor::sweep(Listener& l) {
+    // Every accept armed here has come back, so none of this ring's wait entries is left on
+    // the socket: whatever the queue holds now, the next relay's accepts are woken for, except
+    // the connections whose wakeup an accept of ours took before it was cancelled (at most one
+    // per accept armed). Accepted here, as many, they are served by this relay as it drains;
+    // any taken beyond those the next relay would have had, and its accept finds the queue
+    // empty and waits again. The socket is nonblocking: an empty queue is EAGAIN.
+    for (uint32_t i = 0; i < l.sweep; ++i) {
+        sockaddr_storage addr{};
+        socklen_t len = sizeof addr;
+        int fd = ::accept4(l.fd.get(), reinterpret_cast<sockaddr*>(&addr), &len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) break;
+        if (!host_->accept(fd, l.rt_index,
+                           addressFromSockaddr(reinterpret_cast<const sockaddr*>(&addr), len)))
+            ::close(fd);
+    }
+    l.sweep = 0;
+    ring_->close(l.fd.release());
 }
 
 void Acceptor::close(Listener& l) {
@@ -279,9 +304,20 @@ void Acceptor::close(Listener& l) {
     // wait in its queue instead.
     // Nor one handed over to the next relay (takeover.hpp): it listens there now, with every
     // connection in its queue.
+    l.closed = true;
+    if (process_.listeners_handed_over.load() && l.armed > 0) {
+        // The next relay accepts on this very socket already, and the kernel wakes one armed
+        // accept per connection (io_uring arms accept's poll EPOLLEXCLUSIVE). One of ours woken
+        // but cancelled before its task work ran (DEFER_TASKRUN: this ring's next wait) takes
+        // the wakeup with it: the connection stays queued, and the next relay's accepts sleep
+        // on until another connection comes (tests/kernel/accept_wakeup_test.cpp). So the fd
+        // stays open until the cancelled accepts are back, then sweep() takes what they left.
+        l.sweep = l.armed;
+        ring_->cancel(l.fd.get());
+        return;
+    }
     if (!listensOnElsewhere(l)) ::shutdown(l.fd.get(), SHUT_RDWR);
     ring_->cancelAndClose(l.fd.release());
-    l.closed = true;
 }
 
 }  // namespace zcrelay

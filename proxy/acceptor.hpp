@@ -124,6 +124,9 @@ class Acceptor {
     bool belowLimits(int32_t listener) const;
     // A listener stopped arming at max_connections, or a connection waits in the admit queue.
     bool limitPaused() const { return limit_paused_; }
+    // A listener closed after a hand-over still waits for its cancelled accepts, to sweep its
+    // queue: a draining worker with no connection left stays until it did.
+    bool sweeping() const;
 
   private:
     // A listening socket. listeners_ only grows (an index is the Accept SQE's slot, so it must
@@ -141,6 +144,7 @@ class Acceptor {
         SocketAddress address;  // as configured (port 0 included)
         int32_t rt_index = -1;  // its index in the current generation's listeners
         uint32_t armed = 0;     // single-shot accepts in flight
+        uint32_t sweep = 0;     // closed after a hand-over: accepts to try once armed is 0
         bool closed = false;
     };
     struct Accepted {
@@ -162,6 +166,9 @@ class Acceptor {
     // fd budget allows.
     void resume();
     void close(Listener& l);
+    // A listener closed after a hand-over, its cancelled accepts all back: accepts up to
+    // l.sweep connections the cancels may have left unwoken in its queue, then closes it.
+    void sweep(Listener& l);
     // The socket outlives this process's use of it: handed over (or offered) to the next
     // relay, or held by systemd (socket activation). Closed without shutdown(), what it
     // accepts served.

@@ -139,7 +139,7 @@ Result<void> Worker::setUp() {
 
 void Worker::loop() {
     for (;;) {
-        if (draining_ && conns_->live() == 0) {
+        if (draining_ && conns_->live() == 0 && !acceptor_->sweeping()) {
             ring_->submit();  // the listeners' close SQEs
             break;
         }

@@ -82,10 +82,17 @@ int Ring::submit() { return io_uring_submit(&ring_); }
 #endif
 #endif
 
-void Ring::cancelAndClose(int fd) {
+io_uring_sqe* Ring::prepCancel(int fd) {
     io_uring_sqe* s = sqe();
     io_uring_prep_cancel_fd(s, fd, IORING_ASYNC_CANCEL_ALL);
     io_uring_sqe_set_data64(s, UserData{}.pack());
+    return s;
+}
+
+void Ring::cancel(int fd) { prepCancel(fd); }
+
+void Ring::cancelAndClose(int fd) {
+    io_uring_sqe* s = prepCancel(fd);
 #ifdef ZCRELAY_TSAN
     // TSan cannot see a close io_uring does: the fd number, reused by another thread's open,
     // looks like a race on it (every report of the TSan run was one). So the cancel is issued

@@ -38,6 +38,8 @@ class Ring {
     // to the file, so only this frees the socket; the cancel is matched by file when it is
     // issued, so it must go in before the close. Both CQEs carry UserData{} (nothing to do).
     void cancelAndClose(int fd);
+    // Cancels every request armed on `fd` and leaves it open. The CQE carries UserData{}.
+    void cancel(int fd);
     // Closes `fd` on the ring, for a socket nothing is armed on: no cancel to match (the cancel
     // walks every request in flight on the ring). The CQE carries UserData{}.
     void close(int fd);
@@ -50,6 +52,8 @@ class Ring {
 
   private:
     Ring() = default;
+    // Queues an IORING_ASYNC_CANCEL_ALL of `fd`'s requests; the SQE, for a link.
+    io_uring_sqe* prepCancel(int fd);
     io_uring ring_{};
     unsigned flags_ = 0;
 };

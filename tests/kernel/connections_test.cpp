@@ -9,6 +9,7 @@
 // live()) and what the peers see on their sockets.
 #include "connections.hpp"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <liburing.h>
 #include <netinet/in.h>
@@ -84,7 +85,14 @@ struct Given {
         small = true;
         return *this;
     }
+    // The Acceptor listens itself, on the listener's socket (a dup of it): run() hands it the
+    // Accept CQEs, as the worker does. Otherwise the test accepts (client()).
+    Given& acceptorListens() {
+        listens = true;
+        return *this;
+    }
     bool small = false;
+    bool listens = false;
 };
 
 class Lifecycle {
@@ -131,11 +139,17 @@ class Lifecycle {
         pipes_ = std::make_unique<PipePool>(s.pipes, INT32_MAX, stats_);
         holds_ = std::make_unique<ZerocopyHolds>(8);
         env_.reset(new PumpEnv{*bufs_, *pipes_, nullptr, stats_, zc, *holds_});
-        // The Acceptor gets no listening socket: the test accepts the clients itself (on
-        // front_) and hands them to Connections as the Acceptor does; admission, the admit
-        // queue and resumption are the Acceptor's all the same.
+        // Unless asked to listen, the Acceptor gets no listening socket: the test accepts the
+        // clients itself (on front_) and hands them to Connections as the Acceptor does;
+        // admission, the admit queue and resumption are the Acceptor's all the same.
         gens_ = std::make_unique<Generations>(rt_, 0);
-        acceptor_ = std::make_unique<Acceptor>(0, std::vector<ListenSocket>{}, *gens_, process_, 64,
+        std::vector<ListenSocket> sockets;
+        if (s.listens) {
+            // Nonblocking, as the relay's listening sockets are (openListener).
+            ::fcntl(front_.fd.get(), F_SETFL, ::fcntl(front_.fd.get(), F_GETFL) | O_NONBLOCK);
+            sockets.push_back({0, UniqueFd(::dup(front_.fd.get()))});
+        }
+        acceptor_ = std::make_unique<Acceptor>(0, std::move(sockets), *gens_, process_, 64,
                                                stats_.accept_paused);
         now_ms = monotonicMs();
         paths_ = std::make_unique<Paths>(*ring_, nullptr, 0, 64, stats_, 0);
@@ -165,6 +179,14 @@ class Lifecycle {
     uint64_t closed(CloseReason r) { return listener().closed[idx(r)].get(); }
     WorkerStats& stats() { return stats_; }
     Acceptor& acceptor() { return *acceptor_; }
+    int listening() const { return front_.fd.get(); }
+    // Queued SQEs (the Acceptor's first accepts, say) go to the kernel, and no task work runs.
+    void submit() { ring_->submit(); }
+    // The next relay took the listeners over (takeover.hpp), and this one drains.
+    void handOver() {
+        process_.listeners_handed_over.store(true);
+        acceptor_->drain();
+    }
 
     // A client connects to the listener; the test accepts it and hands it to Connections.
     // Returns the client's end (blocking).
@@ -224,7 +246,10 @@ class Lifecycle {
             unsigned head, count = 0;
             io_uring_for_each_cqe(ring_->raw(), head, cqe) {
                 UserData ud = UserData::unpack(cqe->user_data);
-                if (ud.op != Op::Ignore && ud.op != Op::PathSignal) conns_->onCompletion(ud, cqe);
+                if (ud.op == Op::Accept)
+                    acceptor_->onAccept(ud.slot, ud.aux, cqe->res, now_ms);
+                else if (ud.op != Op::Ignore && ud.op != Op::PathSignal)
+                    conns_->onCompletion(ud, cqe);
                 ++count;
             }
             io_uring_cq_advance(ring_->raw(), count);
@@ -613,6 +638,38 @@ TEST(Connections, AQueuedClientIsClosedAtDrain) {
     ASSERT_TRUE(r.run([&] { return r.conns().live() == 1; }));
     EXPECT_EQ(r.peerEnd(second.get()), IoStatus::Eof);
     EXPECT_EQ(r.backendStats().attempts.get(), 1u) << "never connected";
+}
+
+// Accepting after a hand-over: the next relay accepts on the same socket, and the drain cancels
+// this one's accepts. One of them woken for a client, but cancelled before its task work ran,
+// spent the kernel's only wakeup for it (tests/kernel/accept_wakeup_test.cpp): the next
+// relay's accept sleeps on. The Acceptor sweeps the queue once its accepts are back, and the
+// client is served here.
+TEST(Connections, AClientWhoseWakeupTheDrainCancelledIsServedAfterAHandOver) {
+    Lifecycle r(Given{}.acceptorListens());
+    ASSERT_TRUE(r.ok());
+    r.submit();  // the Acceptor's accepts: first in the socket's wait queue
+    io_uring next{};
+    ASSERT_EQ(io_uring_queue_init(4, &next, 0), 0);
+    io_uring_sqe* sqe = io_uring_get_sqe(&next);
+    io_uring_prep_accept(sqe, r.listening(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    ASSERT_EQ(io_uring_submit(&next), 1);
+
+    test::Connected c = test::connectTo("127.0.0.1", r.rt_->config.listeners[0].listen.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    pollfd queued{r.listening(), POLLIN, 0};
+    ASSERT_EQ(::poll(&queued, 1, 5000), 1);
+    r.handOver();  // the cancels go in before this ring waits: the woken accept never ran
+
+    EXPECT_TRUE(r.run([&] { return r.listener().accepted.get() == 1; }, 3000ms))
+        << "the client was left in the accept queue, its wakeup spent";
+    Fd u = r.upstream();
+    ASSERT_TRUE(u);
+    ASSERT_TRUE(test::writeAll(c.fd.get(), "ping", 4).ok());
+    EXPECT_EQ(r.read(u.get(), 4), "ping");
+    io_uring_cqe* cqe = nullptr;
+    EXPECT_NE(io_uring_peek_cqe(&next, &cqe), 0) << "the next relay accepted it too";
+    io_uring_queue_exit(&next);
 }
 
 TEST(Connections, PastMaxConnectionsPerSourceAClientIsClosedAtOnce) {
