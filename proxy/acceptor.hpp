@@ -108,6 +108,8 @@ class Acceptor {
     bool admit(Conn& c, uint32_t slot);
     // Counts c in against max_connections_per_source; false at that limit.
     bool admitSource(Conn& c) { return admission_.admitSource(c); }
+    // c was handed over by the previous relay: counted in every limit, whatever they say.
+    void adopted(Conn& c) { admission_.adopt(c); }
     // c closes: it is counted out of every limit it was counted in.
     void release(Conn& c);
     // A connection's slot went back to the free list.

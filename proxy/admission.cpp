@@ -58,6 +58,16 @@ bool Admission::admitSource(Conn& c) {
     return false;
 }
 
+void Admission::adopt(Conn& c) {
+    const ListenerRt& lr = listenerOf(c);
+    lr.shared->live.fetch_add(1, std::memory_order_relaxed);
+    process_.live.fetch_add(1, std::memory_order_relaxed);
+    c.counted_live = true;
+    if (lr.config.max_connections_per_source > 0 &&
+        lr.shared->sources.take(clientAddress(c), UINT64_MAX))
+        c.counted_source = true;
+}
+
 bool Admission::release(Conn& c) {
     bool freed = false;
     if (c.counted_live) {

@@ -32,6 +32,9 @@ class Admission {
     bool admit(Conn& c);
     // Counts c in against max_connections_per_source; false at that limit.
     bool admitSource(Conn& c);
+    // A connection the previous relay handed over: counted in as admit() and admitSource() do,
+    // whatever the limits (it is relaying already; refusing it would cut it).
+    void adopt(Conn& c);
     // Counts c out of every limit it was counted in; true if a limit may have room now.
     bool release(Conn& c);
 

@@ -11,7 +11,7 @@ namespace {
 constexpr uint32_t bit(ConnState s) { return 1u << static_cast<unsigned>(s); }
 
 constexpr uint32_t kEdges[] = {
-    /* Free */ bit(ConnState::Accepted),
+    /* Free */ bit(ConnState::Accepted) | bit(ConnState::Relaying),
     /* Accepted */
     bit(ConnState::Queued) | bit(ConnState::ReadingProxy) | bit(ConnState::Inspecting) |
         bit(ConnState::Connecting) | bit(ConnState::Closing),
@@ -22,7 +22,8 @@ constexpr uint32_t kEdges[] = {
     bit(ConnState::Inspecting) | bit(ConnState::Connecting) | bit(ConnState::Closing),
     /* Inspecting */ bit(ConnState::Connecting) | bit(ConnState::Closing),
     /* Connecting */ bit(ConnState::Relaying) | bit(ConnState::Closing),
-    /* Relaying */ bit(ConnState::Closing),
+    /* Relaying */ bit(ConnState::HandingOver) | bit(ConnState::Closing),
+    /* HandingOver */ bit(ConnState::Relaying) | bit(ConnState::Closing),
     /* Closing */ bit(ConnState::Free),
 };
 static_assert(std::size(kEdges) == static_cast<size_t>(ConnState::Closing) + 1);
@@ -30,9 +31,9 @@ static_assert(std::size(kEdges) == static_cast<size_t>(ConnState::Closing) + 1);
 }  // namespace
 
 const char* name(ConnState s) {
-    static constexpr const char* kNames[] = {"Free",       "Accepted",   "Queued",
-                                             "ReadingProxy", "Inspecting", "Connecting",
-                                             "Relaying",   "Closing"};
+    static constexpr const char* kNames[] = {"Free",         "Accepted",    "Queued",
+                                             "ReadingProxy", "Inspecting",  "Connecting",
+                                             "Relaying",     "HandingOver", "Closing"};
     return kNames[static_cast<size_t>(s)];
 }
 

@@ -12,6 +12,12 @@
 //                     ▼ every SQE issued for the slot has completed
 //                   Free
 //
+//   Across a takeover (handover.hpp), in the relay that hands over and in the one that adopts:
+//     Relaying ─hand over─▶ HandingOver ─sent─▶ Closing (handed_over; or the drain deadline)
+//        ▲                      │
+//        └── the send failed ───┘
+//     Free ─adopt─▶ Relaying
+//
 //   [ ] a step taken only when needed: Accepted and Queued may go to any later one but
 //   Relaying, ReadingProxy to Inspecting or Connecting. Into Closing: refused (a
 //   limit), drain, a bad or slow PROXY header, no route, no backend, every connect failed;
@@ -33,6 +39,9 @@
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
 //               An RST or error on either socket ends both (the survivor is reset too).
+//   HandingOver after a takeover (handover.hpp): its pumps' waits are cancelled, and once every
+//               SQE of it has completed its sockets and pipes go to the next relay, and it
+//               closes here as handed_over (or, the send failed, relays on here).
 //   Closing     both fds are being cancelled and closed; the slot waits for every SQE issued for
 //               it to complete (inflight == 0) before it is reused, so no stale CQE can hit a
 //               new connection.
@@ -62,6 +71,7 @@ enum class ConnState : uint8_t {
     Inspecting,
     Connecting,
     Relaying,
+    HandingOver,
     Closing
 };
 

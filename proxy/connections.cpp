@@ -102,6 +102,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             break;
     }
     if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
+    if (c.state == ConnState::HandingOver && c.inflight == 0) sendHandOver(c, ud.slot);
 }
 
 bool Connections::accept(int fd, int32_t listener, const SocketAddress& peer) {
@@ -517,7 +518,8 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.state == ConnState::Closing || c.state == ConnState::Free) return;
     // Accounting: metrics, the access log, the limits and the backend's count.
     if (c.ending && reason == CloseReason::Done) reason = CloseReason::MaxDuration;
-    const bool relaying = c.state == ConnState::Relaying;
+    const bool handing = c.state == ConnState::HandingOver;
+    const bool relaying = c.state == ConnState::Relaying || handing;
     // What the kernel moved since the last tick is counted before the access log's record is
     // made: a connection reset within a tick of its last bytes logged only what the tick had
     // read (a psql session over TLS: 8 bytes up, 0 down), while the metrics had it all.
@@ -573,6 +575,8 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         fd = -1;
     }
     if (c.inflight == 0) freeConn(c, slot);
+    // The drain deadline closed one that was waiting to cross (a sent one was counted already).
+    if (handing && reason != CloseReason::HandedOver) handedOne();
 }
 
 void Connections::countClose(Conn& c, uint32_t slot, CloseReason reason) {
@@ -580,8 +584,10 @@ void Connections::countClose(Conn& c, uint32_t slot, CloseReason reason) {
     if (!c.counted_active) return;
     ListenerStats& ls = lstats(c);
     ls.closed[idx(reason)].add();
-    ls.duration.observe(kDurationBuckets, static_cast<uint64_t>(std::max<int64_t>(
-                                              0, monotonicUs() - c.accepted_mono_us)));
+    // Handed over, it lives on in the next relay, which observes its whole duration.
+    if (reason != CloseReason::HandedOver)
+        ls.duration.observe(kDurationBuckets, static_cast<uint64_t>(std::max<int64_t>(
+                                                  0, monotonicUs() - c.accepted_mono_us)));
     c.counted_active = false;
     if (process_.access_log != nullptr) logConnection(c, slot, reason);
 }
@@ -605,7 +611,7 @@ void Connections::logConnection(Conn& c, uint32_t slot, CloseReason reason) {
     r.reason = reason;
     r.attempts = c.attempts;
     // A promoted connection (mode auto) names both paths, in the order it used them.
-    if (c.state == ConnState::Relaying)
+    if (c.state == ConnState::Relaying || c.state == ConnState::HandingOver)
         copyField(r.path, c.paths.promoted ? "splice>sockmap" : label(c.dir[0].path()));
     process_.access_log->push(id_, r);
 }

@@ -13,11 +13,12 @@
 #include "acceptor.hpp"
 #include "conn.hpp"
 #include "generation.hpp"
+#include "handover.hpp"
 #include "hello_reader.hpp"
 #include "process_shared.hpp"
 #include "proxy_reader.hpp"
-#include "pump/pump.hpp"
 #include "pump/paths.hpp"
+#include "pump/pump.hpp"
 #include "stats.hpp"
 #include "upstream.hpp"
 #include "uring/ring.hpp"
@@ -55,6 +56,15 @@ class Connections final : public Acceptor::Host {
     // The runtime API: every connection to the backend whose state is `backend` (connecting
     // or relaying, in any generation) is closed now, as admin_shutdown. Returns how many.
     uint32_t endBackend(const BackendState* backend);
+
+    // ---- across a takeover (handover.hpp, connections_handover.cpp)
+    // Hands every connection `out` admits over to the next relay: relaying on splice, not being
+    // ended. Each goes once nothing of it is in flight; the rest stay here and drain. `out`
+    // hears when this worker is done.
+    void handOver(std::shared_ptr<handover::Outbound> out);
+    // A connection the previous relay handed over: relayed from here on, in the state it was
+    // in. One the config here has no listener, cluster or backend for is closed, counted lost.
+    void adopt(handover::HandedConn& h);
 
   private:
     static constexpr uint32_t kChunk = 256;
@@ -119,6 +129,13 @@ class Connections final : public Acceptor::Host {
     void countClose(Conn& c, uint32_t slot, CloseReason reason);
     void logConnection(Conn& c, uint32_t slot, CloseReason reason);
     void freeConn(Conn& c, uint32_t slot);
+    // Whether c can cross now (handOver): relaying, every direction on splice, not ending.
+    bool handable(const Conn& c) const;
+    // c (HandingOver) has nothing in flight: its sockets and pipes go to the next relay, and it
+    // closes here as handed_over; if the send fails it relays on here.
+    void sendHandOver(Conn& c, uint32_t slot);
+    // A connection left HandingOver: the last one tells the Outbound this worker is done.
+    void handedOne();
 
     const unsigned id_;
     Ring& ring_;
@@ -143,6 +160,12 @@ class Connections final : public Acceptor::Host {
     uint32_t live_ = 0;
     std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
+    // A handover under way (handOver): connections HandingOver, and whether the walk that
+    // starts them is still going (the last one sent before it ended is not the last).
+    std::shared_ptr<handover::Outbound> outbound_;
+    uint32_t handing_ = 0;
+    bool walking_ = false;
+    uint32_t handed_counts_[3] = {0, 0, 0};  // handed over, kept, failed: for the log line
 };
 
 }  // namespace zcrelay

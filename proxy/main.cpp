@@ -331,7 +331,12 @@ int main(int argc, char** argv) {
     ProcessShared& process = (*server)->process();
     const bool took_over = taking.taken.has_value();
     if (took_over) {
-        LOG_INFO("takeover: %s", takeover::sayReady(*taking.taken).c_str());
+        Server& relay = **server;
+        LOG_INFO("takeover: %s", takeover::sayReady(*taking.taken, relay.acceptance(),
+                                                    [&](std::optional<handover::HandedConn> conn) {
+                                                        relay.adopt(std::move(conn));
+                                                    })
+                                     .c_str());
         process.takeovers[takeoverResult("taken_over")].fetch_add(1);
         taking.taken.reset();
     } else if (taking.fallback) {

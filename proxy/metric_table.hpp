@@ -197,6 +197,9 @@ namespace zcrelay {
     X(Takeovers, "zcrelay_takeovers_total", Counter, ("result"),                                   \
       "Takeovers of the listening sockets, by result: handed_over, failed and refused as the "     \
       "giver; taken_over and fallback (bound its own) as the new process.")                        \
+    X(HandoverConnections, "zcrelay_handover_connections_total", Counter, ("result"),              \
+      "Live connections across a takeover, by result: handed_over, kept (to drain here) and "      \
+      "failed as the old process; taken and lost as the new one.")                                 \
     X(AccessLogDropped, "zcrelay_access_log_dropped_total", Counter, (),                           \
       "Access log lines dropped because the writer fell behind.")                                  \
     X(Signals, "zcrelay_signals_total", Counter, ("signal"),                                       \

@@ -16,6 +16,7 @@
 #include "admin_api.hpp"
 #include "config.hpp"
 #include "discovery.hpp"
+#include "handover.hpp"
 #include "metric_table.hpp"
 #include "process_shared.hpp"
 #include "process_stats.hpp"
@@ -572,6 +573,11 @@ class Collector : public prometheus::Collectable {
                 for (size_t r = 0; r < kTakeoverResults.size(); ++r)
                     f.add({kTakeoverResults[r]},
                           static_cast<double>(process_->takeovers[r].load()));
+                return true;
+            case Metric::HandoverConnections:
+                for (size_t r = 0; r < kHandoverResults; ++r)
+                    f.add({handover::kResultLabels[r]},
+                          static_cast<double>(process_->handovers[r].load()));
                 return true;
             case Metric::AccessLogDropped:
                 f.add({}, process_->access_log ? process_->access_log->totalDropped() : 0);

@@ -83,6 +83,17 @@ void PipePool::discard(Pipe& pipe) {
     closePipe(pipe);
 }
 
+Pipe PipePool::adopt(UniqueFd read_end, UniqueFd write_end) {
+    Pipe pipe;
+    const int capacity = ::fcntl(write_end.get(), F_GETPIPE_SZ);
+    pipe.capacity = capacity > 0 ? static_cast<uint32_t>(capacity) : kStartSize;
+    pipe.read_fd = read_end.release();
+    pipe.write_fd = write_end.release();
+    ++in_use_;
+    stats_.pipes_in_use.add();
+    return pipe;
+}
+
 void PipePool::grow(Pipe& pipe, uint32_t size) {
     if (pipe.grow_failed || pipe.capacity >= size) return;
     int got = fcntl(pipe.write_fd, F_SETPIPE_SZ, size);

@@ -22,8 +22,9 @@
 #include <tl/expected.hpp>
 #include <vector>
 
-#include "stats.hpp"
 #include "reasons.hpp"
+#include "stats.hpp"
+#include "unique_fd.hpp"
 
 namespace zcrelay {
 
@@ -58,6 +59,9 @@ class PipePool {
     void release(Pipe& pipe);
     // A pipe that still holds bytes (its connection died): closed, never reused.
     void discard(Pipe& pipe);
+    // A pipe the previous relay handed over with bytes in it (handover.hpp), owned from here
+    // on: counted in use, beyond the limit if need be (its bytes must be delivered).
+    Pipe adopt(UniqueFd read_end, UniqueFd write_end);
     // Grow to `size` (the listener's pipe_size) after a splice filled the pipe.
     void grow(Pipe& pipe, uint32_t size);
 

@@ -28,6 +28,9 @@ inline size_t takeoverResult(std::string_view result) {
     return 0;
 }
 
+// handover::Outcome's count (handover.hpp).
+inline constexpr size_t kHandoverResults = 5;
+
 struct ProcessShared {
     std::atomic<uint32_t> live{0};    // connections over all listeners (Config::max_connections)
     AccessLog* access_log = nullptr;  // null when off
@@ -55,6 +58,8 @@ struct ProcessShared {
     // closes them without shutdown() too, as the taker may be about to listen on them.
     std::atomic<bool> listeners_offered{false};
     std::array<std::atomic<uint64_t>, kTakeoverResults.size()> takeovers{};
+    // zcrelay_handover_connections_total, by handover::Outcome.
+    std::array<std::atomic<uint64_t>, kHandoverResults> handovers{};
 };
 
 }  // namespace zcrelay

@@ -8,22 +8,23 @@
 namespace zcrelay {
 
 // Why a connection ended.
-#define ZCRELAY_CLOSE_REASONS(X)                                                      \
-    X(Done, "done")                    /* both directions finished with a FIN */      \
-    X(ClientReset, "client_reset")     /* RST or socket error on the client side */   \
-    X(UpstreamReset, "upstream_reset") /* RST or socket error on the upstream side */ \
-    X(ConnectFailed, "connect_failed") /* every connect attempt failed */             \
-    X(NoBackend, "no_backend")         /* no backend of the cluster was up */         \
-    X(ProxyProtocol, "proxy_protocol") /* a bad, slow or oversized PROXY header */    \
-    X(SourceLimit, "source_limit")     /* max_connections_per_source reached */       \
-    X(IdleTimeout, "idle_timeout")     /* no byte either way for idle_timeout */      \
-    X(NoRoute, "no_route")             /* routes: none took the client (see inspect) */ \
-    X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */ \
-    X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */ \
-    X(MaxDuration, "max_duration")     /* ended at max_connection_duration */           \
-    X(AdminShutdown, "admin_shutdown") /* the runtime API ended its backend's connections */ \
-    X(Loop, "loop")                    /* accepted from one of our own upstream sockets */ \
-    X(Drain, "drain")                  /* still open when drain_timeout ran out */    \
+#define ZCRELAY_CLOSE_REASONS(X)                                                               \
+    X(Done, "done")                           /* both directions finished with a FIN */        \
+    X(ClientReset, "client_reset")            /* RST or socket error on the client side */     \
+    X(UpstreamReset, "upstream_reset")        /* RST or socket error on the upstream side */   \
+    X(ConnectFailed, "connect_failed")        /* every connect attempt failed */               \
+    X(NoBackend, "no_backend")                /* no backend of the cluster was up */           \
+    X(ProxyProtocol, "proxy_protocol")        /* a bad, slow or oversized PROXY header */      \
+    X(SourceLimit, "source_limit")            /* max_connections_per_source reached */         \
+    X(IdleTimeout, "idle_timeout")            /* no byte either way for idle_timeout */        \
+    X(NoRoute, "no_route")                    /* routes: none took the client (see inspect) */ \
+    X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */     \
+    X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */    \
+    X(MaxDuration, "max_duration")            /* ended at max_connection_duration */           \
+    X(AdminShutdown, "admin_shutdown") /* the runtime API ended its backend's connections */   \
+    X(Loop, "loop")                    /* accepted from one of our own upstream sockets */     \
+    X(Drain, "drain")                  /* still open when drain_timeout ran out */             \
+    X(HandedOver, "handed_over")       /* passed live to the relay that took over */           \
     X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
 
 // Why an upstream connect failed.

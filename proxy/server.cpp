@@ -81,6 +81,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
     getrlimit(RLIMIT_NOFILE, &nofile);
     uint64_t usable = nofile.rlim_cur > reserved ? nofile.rlim_cur - reserved : 2;
     uint32_t per_worker = static_cast<uint32_t>(std::max<uint64_t>(1, usable / 2 / cfg.workers));
+    server->per_worker_ = per_worker;
     LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
              static_cast<unsigned long long>(nofile.rlim_cur), per_worker,
              per_worker * cfg.workers);
@@ -237,7 +238,10 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
                    ? "draining: its listening sockets are closed; bind your own"
                    : "";
     };
-    giving.hand_over = [self] { return self->handOver(); };
+    giving.hand_over = [self](std::shared_ptr<handover::Outbound> out) {
+        return self->handOver(std::move(out));
+    };
+    giving.workers = static_cast<unsigned>(server->workers_.size());
     giving.withdraw = [self] { self->process_.listeners_offered.store(false); };
     giving.count = [self](const char* result) {
         self->process_.takeovers[takeoverResult(result)].fetch_add(1);
@@ -508,14 +512,38 @@ std::vector<takeover::HandedSocket> Server::offer() {
     return out;
 }
 
-size_t Server::handOver() {
+size_t Server::handOver(std::shared_ptr<handover::Outbound> out) {
     // Before the workers close them: no shutdown() of a socket the next relay listens on.
     process_.listeners_handed_over.store(true);
     if (metrics_) metrics_->handOver();
     if (admin_) admin_->handOver();
+    if (out)
+        for (auto& w : workers_) w->handOver(out);
     drain();
     std::lock_guard lock(listening_mutex_);
     return listening_.size();
+}
+
+handover::Acceptance Server::acceptance() const {
+    handover::Acceptance a;
+    // Half the fd budget's room: the connections handed over and the clients this relay
+    // accepts meanwhile share the rest.
+    const uint64_t budget = uint64_t{per_worker_} * workers_.size();
+    const uint64_t live = process_.live.load();
+    a.room = budget > live ? (budget - live) / 2 : 0;
+    std::shared_ptr<const Runtime> rt = current();
+    for (const ListenerRt& l : rt->listeners) a.listeners.push_back(l.config.name);
+    for (const ClusterRt& c : rt->clusters)
+        for (const BackendRt& b : c.backends) a.backends.push_back(c.config.name + "/" + b.key);
+    return a;
+}
+
+void Server::adopt(std::optional<handover::HandedConn> conn) {
+    if (!conn || workers_.empty()) {
+        process_.handovers[idx(handover::Outcome::Lost)].fetch_add(1);
+        return;
+    }
+    workers_[next_adopter_++ % workers_.size()]->adopt(std::move(*conn));
 }
 
 void Server::drain() {

@@ -74,6 +74,11 @@ class Server {
     // SIGHUP also reopens the access log file (logrotate).
     void reopenAccessLog();
     ProcessShared& process() { return process_; }
+    // Taking over (takeover.hpp, version 2): what this relay can take of the old one's
+    // connections, said in READY; and each that came, to a worker (nullopt: it came unusable,
+    // counted lost).
+    handover::Acceptance acceptance() const;
+    void adopt(std::optional<handover::HandedConn> conn);
     // "" when fine, else why: /healthz (a worker died) and /readyz (draining, or a listener
     // with no backend up). Any thread.
     std::string unhealthy() const;
@@ -119,7 +124,7 @@ class Server {
     void switchTo(std::shared_ptr<const Runtime> next, std::vector<std::vector<ListenSocket>> fds);
     // The giver's hooks: dups of every socket to hand over; the hand-over itself.
     std::vector<takeover::HandedSocket> offer();
-    size_t handOver();
+    size_t handOver(std::shared_ptr<handover::Outbound> out);
     // A discovered set changed (or, `force`, a weight): the next generation, from the running
     // config. Any thread; when another publish holds the mutex, that one builds again as it
     // lets go.
@@ -137,6 +142,8 @@ class Server {
     std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
     std::unique_ptr<Sockmap> sockmap_;       // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
+    uint32_t per_worker_ = 0;  // each worker's share of the fd budget, in connections
+    size_t next_adopter_ = 0;  // adopt(): the workers in turn
     // Builds of the next generation, one at a time: reload, discovery, the runtime API.
     std::mutex publish_mutex_;
     std::atomic<bool> dirty_{false};    // a publish is wanted (republish)

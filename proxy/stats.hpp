@@ -59,6 +59,7 @@ inline constexpr std::array<double, 14> kInspectBuckets = {
 
 struct ListenerStats {
     StatCounter accepted;
+    StatCounter handed_in;  // connections the previous relay handed over (handover.hpp)
     // [direction][data path]: direction 0 is client -> upstream, 1 upstream -> client; the
     // path is the DataPath that moved them (kDataPathLabels).
     std::array<std::array<StatCounter, idx(DataPath::kCount)>, 2> bytes;
@@ -84,7 +85,7 @@ struct ListenerStats {
 
     // Connections accepted and not yet closed (zcrelay_connections_active, per worker).
     uint64_t open() const {
-        uint64_t n = accepted.get();
+        uint64_t n = accepted.get() + handed_in.get();
         for (const StatCounter& c : closed) n -= c.get();
         return n;
     }

@@ -1,5 +1,6 @@
 #include "takeover.hpp"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -25,10 +26,17 @@ constexpr int64_t kStepMs = 5000;
 // After READY, the giver's DONE comes within one round trip of its workers (they close their
 // listeners): past this the taker serves on without it.
 constexpr int64_t kDoneMs = 10000;
+// The old relay's workers hand their connections over within this (a stuck taker): what is
+// left stays with the old relay.
+constexpr int64_t kHandOverMs = 10000;
 
 std::string ourRelease() { return ZCRELAY_VERSION; }
 
-std::string versionList() { return std::to_string(kVersion); }
+std::string versionList() {
+    std::string out;
+    for (unsigned v = 1; v <= kVersion; ++v) out += (v > 1 ? "," : "") + std::to_string(v);
+    return out;
+}
 
 bool speaks(const std::string& versions, unsigned version) {
     size_t at = 0;
@@ -69,13 +77,14 @@ tl::expected<HandedSocket, std::string> handedFrom(Message& m) {
     if (!listen || !bound) return tl::unexpected(what + ": a bad address");
     s.listen = *listen;
     s.bound = *bound;
-    if (!m.fd) return tl::unexpected(what + ": no fd came with it");
+    if (m.fds.size() != 1) return tl::unexpected(what + ": not one fd came with it");
+    UniqueFd& fd = m.fds[0];
     // The takeover socket is the one SOCK_SEQPACKET among them (takeover_wire.hpp).
     const int type = s.kind == "takeover" ? SOCK_SEQPACKET : SOCK_STREAM;
-    if (intOption(m.fd.get(), SO_ACCEPTCONN) != 1 || intOption(m.fd.get(), SO_TYPE) != type ||
-        intOption(m.fd.get(), SO_DOMAIN) != s.bound.family())
+    if (intOption(fd.get(), SO_ACCEPTCONN) != 1 || intOption(fd.get(), SO_TYPE) != type ||
+        intOption(fd.get(), SO_DOMAIN) != s.bound.family())
         return tl::unexpected(what + ": the fd is not a socket listening on " + s.bound.toString());
-    s.fd = std::move(m.fd);
+    s.fd = std::move(fd);
     s.systemd = m.get("held") == "systemd";
     return s;
 }
@@ -127,7 +136,10 @@ tl::expected<Taken, TakeError> take(UniqueFd channel) {
         return tl::unexpected(TakeError{kind, why, {}, taken.giver});
     }
     if (offer->verb != "OFFER") return broken("expected OFFER, got " + offer->line());
-    if (offer->get("version") != std::to_string(kVersion))
+    const std::string offered = offer->get("version");
+    for (unsigned v = 1; v <= kVersion; ++v)
+        if (offered == std::to_string(v)) taken.version = v;
+    if (taken.version == 0)
         return tl::unexpected(TakeError{TakeError::Version,
                                         "pid " + std::to_string(taken.giver) +
                                             " offered protocol version " + offer->get("version") +
@@ -151,13 +163,32 @@ tl::expected<Taken, TakeError> take(UniqueFd channel) {
     return taken;
 }
 
-std::string sayReady(Taken& taken) {
+std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
+                     const std::function<void(std::optional<handover::HandedConn>)>& adopt) {
     Message ready("READY");
     ready.set("pid", std::to_string(::getpid()));
+    if (taken.version >= 2) accepts.addTo(ready);
     if (auto sent = send(taken.channel.get(), ready, monotonicMs() + kStepMs); !sent)
         return "pid " + std::to_string(taken.giver) + " did not hear READY (" + sent.error() +
                "); serving on the sockets it passed";
-    auto done = receive(taken.channel.get(), monotonicMs() + kDoneMs);
+    size_t conns = 0;
+    std::string broken;
+    tl::expected<Message, std::string> done = tl::unexpected(std::string("nothing came"));
+    for (;;) {
+        done = receive(taken.channel.get(), monotonicMs() + kDoneMs);
+        if (!done || done->verb != "CONN") break;
+        auto conn = handover::fromMessage(*done);
+        if (!conn) {
+            // Its fds are closed with the message: the giver gave them up, so its peers are
+            // cut. Said once per connection; the rest still come.
+            LOG_ERROR("takeover: a connection from pid %d came unusable: %s",
+                      static_cast<int>(taken.giver), conn.error().c_str());
+            adopt(std::nullopt);
+            continue;
+        }
+        ++conns;
+        adopt(std::move(*conn));
+    }
     const double ms = static_cast<double>(monotonicUs() - taken.started_us) / 1000.0;
     char line[256];
     if (!done || done->verb != "DONE") {
@@ -168,10 +199,18 @@ std::string sayReady(Taken& taken) {
                       done ? done->line().c_str() : done.error().c_str());
         return line;
     }
+    if (taken.version < 2) {
+        std::snprintf(line, sizeof line,
+                      "took %zu sockets (%s listeners) over from pid %d (zcrelay %s, protocol "
+                      "version 1) in %.1f ms; it drains its connections",
+                      taken.count, done->get("listeners").c_str(), static_cast<int>(taken.giver),
+                      taken.giver_release.c_str(), ms);
+        return line;
+    }
     std::snprintf(line, sizeof line,
-                  "took %zu sockets (%s listeners) over from pid %d (zcrelay %s) in %.1f ms; it "
-                  "drains its connections",
-                  taken.count, done->get("listeners").c_str(), static_cast<int>(taken.giver),
+                  "took %zu sockets (%s listeners) and %zu connections over from pid %d (zcrelay "
+                  "%s) in %.1f ms; it drains the connections it kept",
+                  taken.count, done->get("listeners").c_str(), conns, static_cast<int>(taken.giver),
                   taken.giver_release.c_str(), ms);
     return line;
 }
@@ -325,7 +364,10 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
         return;
     }
     const std::string who = from + " (zcrelay " + hello->get("release") + ")";
-    if (!speaks(hello->get("versions"), kVersion))
+    unsigned version = 0;
+    for (unsigned v = 1; v <= kVersion; ++v)
+        if (speaks(hello->get("versions"), v)) version = v;
+    if (version == 0)
         return refuse(channel.get(), "version",
                       "it speaks protocol versions " + hello->get("versions") + ", this relay " +
                           versionList(),
@@ -335,7 +377,7 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
 
     std::vector<HandedSocket> sockets = hooks_.offer();
     Message offer("OFFER");
-    offer.set("version", std::to_string(kVersion))
+    offer.set("version", std::to_string(version))
         .set("pid", self)
         .set("release", ourRelease())
         .set("sockets", std::to_string(sockets.size()));
@@ -351,9 +393,10 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
         m.set("kind", s.kind).set("listen", s.listen.toString()).set("bound", s.bound.toString());
         if (!s.name.empty()) m.set("name", s.name);
         if (s.systemd) m.set("held", "systemd");
-        m.fd = std::move(s.fd);
-        if (auto sent = send(channel.get(), m, monotonicMs() + kStepMs); !sent)
+        const int fd = s.fd.get();
+        if (auto sent = send(channel.get(), m, monotonicMs() + kStepMs, {&fd, 1}); !sent)
             return failed(sent.error());
+        s.fd.reset();
     }
     if (auto sent = send(channel.get(), Message("END"), monotonicMs() + kStepMs); !sent)
         return failed(sent.error());
@@ -386,17 +429,31 @@ void Giver::converse(UniqueFd channel, const std::string& from) {
     if (answer->verb != "READY") return failed("expected READY, got " + answer->line());
 
     handed_over_.store(true);
-    const size_t listeners = hooks_.hand_over();
+    // Version 2: the workers hand over what the taker takes, each on a dup of the channel.
+    std::shared_ptr<handover::Outbound> out;
+    if (version >= 2) {
+        UniqueFd dup(::fcntl(channel.get(), F_DUPFD_CLOEXEC, 0));
+        if (dup)
+            out = std::make_shared<handover::Outbound>(std::move(dup),
+                                                       handover::Acceptance::from(*answer),
+                                                       hooks_.workers, monotonicMs() + kHandOverMs);
+        else
+            LOG_WARN("takeover: dup of the channel: %s; no connection is handed over",
+                     strerror(errno));
+    }
+    const size_t listeners = hooks_.hand_over(out);
     listen_.reset();  // the taker's now: closed here, the file left to it
-    Message done("DONE");
-    done.set("listeners", std::to_string(listeners));
-    (void)send(channel.get(), done, monotonicMs() + kStepMs);
-    hooks_.count("handed_over");
     LOG_INFO(
         "takeover: pid %s is ready; handed over %zu listening sockets to it in %.1f ms; no longer "
         "accepting, draining",
         answer->get("pid").c_str(), listeners,
         static_cast<double>(monotonicUs() - started_us) / 1000.0);
+    if (out && !out->waitForWorkers(monotonicMs() + kHandOverMs + kStepMs))
+        LOG_WARN("takeover: the workers did not finish handing connections over in time");
+    Message done("DONE");
+    done.set("listeners", std::to_string(listeners));
+    (void)send(channel.get(), done, monotonicMs() + kStepMs);
+    hooks_.count("handed_over");
 }
 
 }  // namespace zcrelay::takeover

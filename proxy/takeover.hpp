@@ -12,15 +12,19 @@
 // a unix socket only the relay's own user, or root, may use), for `zcrelay --takeover`; or over
 // a socketpair the giver made when SIGUSR2 told it to execute its binary again (main.cpp).
 //
-// The conversation, protocol version 1 (takeover_wire.hpp is the wire):
-//   taker  HELLO versions=1 pid=P release=R
-//   giver  OFFER version=1 pid=P release=R sockets=N       (or REFUSE code=C reason=...)
+// The conversation, protocol version 2 (takeover_wire.hpp is the wire):
+//   taker  HELLO versions=1,2 pid=P release=R
+//   giver  OFFER version=V pid=P release=R sockets=N       (or REFUSE code=C reason=...)
 //   giver  SOCKET kind=K listen=A bound=B [name=L] [held=systemd]  + fd    N times
 //   giver  END
 //          the taker starts: binds what it was not given, loads what it needs, starts workers
-//   taker  READY pid=P                                      (or ABORT reason=..., or it dies)
-//          the giver stops accepting (closes its copies without shutdown) and drains
+//   taker  READY pid=P [room=N listener=L... backend=C/K...]   (or ABORT reason=..., or it dies)
+//          the giver stops accepting (closes its copies without shutdown) and drains; in
+//          version 2 its workers first hand over the connections the taker can take:
+//   giver  CONN ...  + fds                                  (handover.hpp), any number
 //   giver  DONE
+// V is the highest version both speak. Version 1 (no CONN, READY without what the taker takes)
+// is spoken still, to and from a relay that knows no more: its connections drain as before.
 // Kinds: listener (one per worker per listener: name, configured and bound address), metrics,
 // health, admin (the control plane's sockets), takeover (the takeover socket itself).
 // REFUSE codes: version (no version in common: the taker binds its own sockets, loudly),
@@ -42,12 +46,14 @@
 #include <vector>
 
 #include "address.hpp"
+#include "handover.hpp"
 #include "unique_fd.hpp"
 #include "unix_path.hpp"
 
 namespace zcrelay::takeover {
 
-inline constexpr unsigned kVersion = 1;
+// The newest version this binary speaks; it speaks every one from 1.
+inline constexpr unsigned kVersion = 2;
 
 struct HandedSocket {
     std::string kind;      // "listener", "metrics", "health", "admin", "takeover"
@@ -68,6 +74,7 @@ struct Taken {
     UniqueFd channel;  // READY goes back over it
     pid_t giver = 0;
     std::string giver_release;
+    unsigned version = 0;  // the one the giver chose
     int64_t started_us = 0;
 };
 
@@ -89,8 +96,11 @@ struct TakeError {
 tl::expected<UniqueFd, TakeError> connectTo(const std::string& path);
 // HELLO to END: the sockets, or why not.
 tl::expected<Taken, TakeError> take(UniqueFd channel);
-// The taker is ready: READY, then waits (bounded) for the giver's DONE. The text to log.
-std::string sayReady(Taken& taken);
+// The taker is ready: READY (saying what it can take, `accepts`), then hands every connection
+// that comes to `adopt` (which counts it, taken or lost: nullopt when it came unusable) until the giver's DONE, each awaited
+// within a bound. The text to log.
+std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
+                     const std::function<void(std::optional<handover::HandedConn>)>& adopt);
 // The taker failed to start: ABORT with `why`, so the giver logs it and serves on.
 void sayAborted(Taken& taken, const std::string& why);
 
@@ -116,8 +126,11 @@ class Giver {
         std::function<void()> withdraw;
         // "" when sockets may be handed over, else the REFUSE reason (e.g. draining).
         std::function<std::string()> refusal;
-        // The taker is ready: stop accepting, drain. Returns how many listeners it gave up.
-        std::function<size_t()> hand_over;
+        // The taker is ready: stop accepting, drain, and hand over the connections `out`
+        // admits (null: a version 1 taker takes none). Returns how many listeners it gave up.
+        std::function<size_t(std::shared_ptr<handover::Outbound> out)> hand_over;
+        // How many workers hand connections over (Outbound waits for each).
+        unsigned workers = 1;
         // One takeover's end, for zcrelay_takeovers_total: "handed_over", "failed", "refused".
         std::function<void(const char* result)> count;
     };

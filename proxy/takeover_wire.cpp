@@ -73,6 +73,13 @@ std::string Message::get(std::string_view key) const {
     return "";
 }
 
+std::vector<std::string> Message::all(std::string_view key) const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : fields)
+        if (k == key) out.push_back(v);
+    return out;
+}
+
 std::string Message::line() const {
     std::string out = verb;
     for (const auto& [k, v] : fields) out += " " + k + "=" + escape(v);
@@ -103,23 +110,24 @@ tl::expected<Message, std::string> parse(std::string_view text) {
     return m;
 }
 
-tl::expected<void, std::string> send(int sock, const Message& m, int64_t deadline_ms) {
+tl::expected<void, std::string> send(int sock, const Message& m, int64_t deadline_ms,
+                                     std::span<const int> fds) {
     const std::string text = m.line();
     if (text.size() > kMaxMessage) return tl::unexpected(m.verb + ": longer than kMaxMessage");
+    if (fds.size() > kMaxFds) return tl::unexpected(m.verb + ": more than kMaxFds fds");
     iovec iov{const_cast<char*>(text.data()), text.size()};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    if (m.fd) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)] = {};
+    if (!fds.empty()) {
         msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
         cmsghdr* c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        const int fd = m.fd.get();
-        std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
     }
     for (;;) {
         const ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -134,9 +142,11 @@ tl::expected<void, std::string> send(int sock, const Message& m, int64_t deadlin
 }
 
 tl::expected<Message, std::string> receive(int sock, int64_t deadline_ms) {
-    char buf[kMaxMessage + 1];
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    iovec iov{buf, sizeof buf};
+    // One byte over the limit, so that a longer record shows as MSG_TRUNC; room for one fd
+    // over kMaxFds, so that more show as too many rather than as cut off.
+    thread_local std::vector<char> buf(kMaxMessage + 1);
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * (kMaxFds + 1))] = {};
+    iovec iov{buf.data(), buf.size()};
     msghdr msg{};
     for (;;) {
         msg = msghdr{};
@@ -159,10 +169,11 @@ tl::expected<Message, std::string> receive(int sock, int64_t deadline_ms) {
             }
             if (msg.msg_flags & MSG_TRUNC) return tl::unexpected(std::string("a message too long"));
             if (msg.msg_flags & MSG_CTRUNC) return tl::unexpected(std::string("fds cut off"));
-            if (fds.size() > 1) return tl::unexpected(std::string("more than one fd in a message"));
-            auto m = parse(std::string_view(buf, static_cast<size_t>(n)));
+            if (fds.size() > kMaxFds)
+                return tl::unexpected("more than " + std::to_string(kMaxFds) + " fds in a message");
+            auto m = parse(std::string_view(buf.data(), static_cast<size_t>(n)));
             if (!m) return tl::unexpected(m.error());
-            if (!fds.empty()) m->fd = std::move(fds[0]);
+            m->fds = std::move(fds);
             return m;
         }
         if (n == 0) return tl::unexpected(std::string("closed"));

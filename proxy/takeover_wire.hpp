@@ -1,16 +1,19 @@
 #pragma once
 // The takeover's wire (takeover.hpp has the conversation): one message per SOCK_SEQPACKET
-// record, a verb and key=value fields in one line of text, and at most one fd riding along
+// record, a verb and key=value fields in one line of text, and at most kMaxFds fds riding along
 // (SCM_RIGHTS). Text, so that `strace -s` of either side reads as the protocol does; one
-// record per message, so that an fd always arrives with the message that says what it is
-// (on a stream socket the kernel attaches it to a byte, and a short read could split them).
+// record per message, so that the fds always arrive with the message that says what they are
+// (on a stream socket the kernel attaches them to a byte, and a short read could split them).
 //
-//   SOCKET kind=listener name=web listen=127.0.0.1:80 bound=127.0.0.1:80   (+ fd)
+//   SOCKET kind=listener name=web listen=127.0.0.1:80 bound=127.0.0.1:80   (+ 1 fd)
+//   CONN listener=web cluster=web backend=127.0.0.1:8080 ...               (+ 2 to 6 fds)
 //
 // Values are percent-escaped where they hold a space, '=', '%' or a byte outside printable
-// ASCII. A record over kMaxMessage, a line that does not parse, more than one fd, or a
-// truncated one (MSG_CTRUNC) is an error naming what came.
+// ASCII; a key may repeat (a list). A record over kMaxMessage, a line that does not parse, more
+// than kMaxFds fds, or fds cut off (MSG_CTRUNC) is an error naming what came, with every fd
+// that came closed.
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <tl/expected.hpp>
@@ -21,12 +24,15 @@
 
 namespace zcrelay::takeover {
 
-inline constexpr size_t kMaxMessage = 4096;
+// A taker's READY lists every listener and backend it can take connections for.
+inline constexpr size_t kMaxMessage = 64 * 1024;
+// A connection's two sockets and, per direction, a pipe's two ends (handover.hpp).
+inline constexpr size_t kMaxFds = 6;
 
 struct Message {
     std::string verb;
     std::vector<std::pair<std::string, std::string>> fields;
-    UniqueFd fd;  // none for most messages
+    std::vector<UniqueFd> fds;  // received: what came with it, in order
 
     Message() = default;
     explicit Message(std::string v) : verb(std::move(v)) {}
@@ -36,6 +42,8 @@ struct Message {
     }
     // The value of `key`, or "" when absent.
     std::string get(std::string_view key) const;
+    // Every value of `key`, in order.
+    std::vector<std::string> all(std::string_view key) const;
     // "SOCKET kind=listener ...": for logs and errors.
     std::string line() const;
 };
@@ -43,8 +51,10 @@ struct Message {
 tl::expected<Message, std::string> parse(std::string_view text);
 
 // Both wait at most until `deadline_ms` (monotonicMs()) on a nonblocking socket; the error
-// says what failed, "closed" when the other side went away first.
-tl::expected<void, std::string> send(int sock, const Message& m, int64_t deadline_ms);
+// says what failed, "closed" when the other side went away first. `fds` (at most kMaxFds) ride
+// along: the receiver gets its own, and the caller's stay open.
+tl::expected<void, std::string> send(int sock, const Message& m, int64_t deadline_ms,
+                                     std::span<const int> fds = {});
 tl::expected<Message, std::string> receive(int sock, int64_t deadline_ms);
 
 }  // namespace zcrelay::takeover

@@ -239,6 +239,10 @@ void UpstreamSide::ejectLoop(const ClusterRt& cluster, size_t b, Conn& looped, i
         cluster.config.health_check.enabled ? "; health checks bring it back" : "");
 }
 
+void UpstreamSide::adopted(Conn& c) {
+    clusterOf(c).backends[c.backend].state->active.fetch_add(1, std::memory_order_relaxed);
+}
+
 void UpstreamSide::release(Conn& c) {
     if (c.connect_us >= 0)
         clusterOf(c).backends[c.backend].state->active.fetch_sub(1, std::memory_order_relaxed);

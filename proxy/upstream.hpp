@@ -50,6 +50,9 @@ class UpstreamSide {
     int sendProxyHeader(Conn& c);
     // The connection ends: its backend has one connection less (least_conn).
     void release(Conn& c);
+    // c was handed over by the previous relay, connected: counted on its backend as a connect
+    // that succeeded here would be.
+    void adopted(Conn& c);
     // Backend `b` of `cluster` leads back to this relay: the connection `looped` (accepted from
     // one of our upstream sockets, any worker's) is the proof. The backend goes down, even a
     // cluster's only one (a loop serves nobody), until its health checks bring it back or,

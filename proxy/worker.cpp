@@ -97,6 +97,15 @@ void Worker::run(std::promise<Result<void>>& ready) {
     bool ok = up.has_value();
     ready.set_value(std::move(up));
     if (ok) loop();
+    {
+        // A handover this worker never got to (it had stopped): the giver waits for no one,
+        // and connections sent to it are lost, counted.
+        std::lock_guard lock(reload_mutex_);
+        if (pending_handover_) pending_handover_->workerDone();
+        pending_handover_.reset();
+        process_.handovers[idx(handover::Outcome::Lost)].fetch_add(adopting_.size());
+        adopting_.clear();
+    }
     ring_.reset();  // cancels whatever is still armed before the fds it references go away
     finished_.store(true);
 }
@@ -221,6 +230,22 @@ void Worker::onWake() {
         }
         for (const auto& backend : ends) conns_->endBackend(backend.get());
     }
+    if (cmds & kCmdHandOver) {
+        std::shared_ptr<handover::Outbound> out;
+        {
+            std::lock_guard lock(reload_mutex_);
+            out.swap(pending_handover_);
+        }
+        if (out) conns_->handOver(std::move(out));
+    }
+    if (cmds & kCmdAdopt) {
+        std::vector<handover::HandedConn> conns;
+        {
+            std::lock_guard lock(reload_mutex_);
+            conns.swap(adopting_);
+        }
+        for (handover::HandedConn& c : conns) conns_->adopt(c);
+    }
     if (draining_ && now_ms_ >= drain_deadline_ms_) conns_->sweep(true, tick_ms_);
     if (cmds & kCmdReload) applyReload();
     armWake();
@@ -232,6 +257,22 @@ void Worker::endConnectionsOf(std::shared_ptr<BackendState> backend) {
         pending_ends_.push_back(std::move(backend));
     }
     post(kCmdEndBackend);
+}
+
+void Worker::handOver(std::shared_ptr<handover::Outbound> out) {
+    {
+        std::lock_guard lock(reload_mutex_);
+        pending_handover_ = std::move(out);
+    }
+    post(kCmdHandOver);
+}
+
+void Worker::adopt(handover::HandedConn conn) {
+    {
+        std::lock_guard lock(reload_mutex_);
+        adopting_.push_back(std::move(conn));
+    }
+    post(kCmdAdopt);
 }
 
 void Worker::reload(std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> new_fds) {

@@ -23,6 +23,7 @@
 #include "config.hpp"
 #include "connections.hpp"
 #include "generation.hpp"
+#include "handover.hpp"
 #include "health_check.hpp"
 #include "pipe_pool.hpp"
 #include "process_shared.hpp"
@@ -61,6 +62,11 @@ class Worker {
     void reload(std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> new_fds);
     // The runtime API: close this worker's connections to `backend` (any generation).
     void endConnectionsOf(std::shared_ptr<BackendState> backend);
+    // After a takeover (takeover.hpp), with drain(): hand the connections `out` admits over to
+    // the next relay.
+    void handOver(std::shared_ptr<handover::Outbound> out);
+    // A connection the previous relay handed over, to relay from here on.
+    void adopt(handover::HandedConn conn);
     // The generation this worker runs now (any thread): reload() is done when it reaches rt's.
     uint64_t appliedGeneration() const { return applied_generation_.load(); }
     void join();
@@ -72,6 +78,8 @@ class Worker {
     static constexpr uint32_t kCmdStop = 2;
     static constexpr uint32_t kCmdReload = 4;
     static constexpr uint32_t kCmdEndBackend = 8;
+    static constexpr uint32_t kCmdHandOver = 16;
+    static constexpr uint32_t kCmdAdopt = 32;
 
     void post(uint32_t cmd);
     void run(std::promise<Result<void>>& ready);
@@ -105,6 +113,8 @@ class Worker {
     std::shared_ptr<const Runtime> pending_rt_;
     std::vector<ListenSocket> pending_fds_;
     std::vector<std::shared_ptr<BackendState>> pending_ends_;  // endConnectionsOf()
+    std::shared_ptr<handover::Outbound> pending_handover_;     // handOver()
+    std::vector<handover::HandedConn> adopting_;               // adopt()
 
     // Owned by the worker thread from here on.
     Generations generations_;

@@ -48,6 +48,23 @@ void SplicePump::abort(const PumpPort&, PumpEnv& env) {
     in_pipe_ = 0;
 }
 
+SplicePump SplicePump::adopted(const handover::HandedDirection& d, Pipe pipe) {
+    SplicePump pump;
+    pump.pipe_ = pipe;
+    pump.in_pipe_ = pipe.valid() ? d.in_pipe : 0;
+    pump.eof_ = d.eof;
+    pump.done_ = d.finished;
+    pump.watch_.hup = d.hup;
+    return pump;
+}
+
+Step SplicePump::restart(const PumpPort& p, PumpEnv& env) {
+    poll_in_ = false;
+    poll_out_ = false;
+    watch_.armed = false;
+    return pump(p, env);
+}
+
 Step SplicePump::start(const PumpPort& p, PumpEnv&) {
     armPollIn(p);
     return {};

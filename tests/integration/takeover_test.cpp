@@ -523,23 +523,24 @@ TEST_F(TakeoverTest, ASecondTakerIsRefusedWhileOneIsUnderWay) {
     EXPECT_TRUE(old.running());
 }
 
-// Versions: a taker that speaks only version 2 is refused by this one (version 1), which serves
-// on; a giver that offers version 2 makes this one bind its own sockets, loudly, and count it.
+// Versions: a taker that speaks only version 3 is refused by this one (versions 1 and 2), which
+// serves on; a giver that offers version 3 makes this one bind its own sockets, loudly, and
+// count it.
 TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
     RelayProcess old;
     ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
     {
-        auto answer = answerToHello(socket_, "2");
+        auto answer = answerToHello(socket_, "3");
         ASSERT_TRUE(answer) << answer.error();
         EXPECT_EQ(answer->verb, "REFUSE");
         EXPECT_EQ(answer->get("code"), "version");
-        EXPECT_EQ(answer->get("versions"), "1");
+        EXPECT_EQ(answer->get("versions"), "1,2");
     }
     EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0));
     EXPECT_EQ(exchange(old.host(), old.port()), "");
     old.terminate();
 
-    // A giver of version 2 at the socket path: the new relay binds its own.
+    // A giver of version 3 at the socket path: the new relay binds its own.
     const std::string future = scratch_.file("future.sock");
     auto listening = listenUnix(future, SOCK_SEQPACKET, 0600, false);
     ASSERT_TRUE(listening) << listening.error();
@@ -548,7 +549,7 @@ TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
         if (!peer) return;
         const int fd = peer.get();
         takeover::Message offer("OFFER");
-        offer.set("version", "2").set("pid", "1").set("release", "future").set("sockets", "0");
+        offer.set("version", "3").set("pid", "1").set("release", "future").set("sockets", "0");
         (void)takeover::send(fd, offer, monotonicMs() + 5000);
     });
     RelayProcess next;
@@ -558,7 +559,7 @@ TEST_F(TakeoverTest, AVersionMismatchIsSaidAndFallsBackToBinding) {
          "--takeover"});
     giver.join();
     ASSERT_TRUE(started);
-    EXPECT_NE(next.stderrText().find("offered protocol version 2, this binary speaks 1"),
+    EXPECT_NE(next.stderrText().find("offered protocol version 3, this binary speaks 1,2"),
               std::string::npos)
         << next.stderrText();
     EXPECT_NE(next.stderrText().find("BINDING LISTENERS OF ITS OWN"), std::string::npos);
@@ -619,8 +620,8 @@ TEST_F(TakeoverTest, AGiverThatDiesInTheMiddleLeavesTheNewRelayServing) {
         takeover::Message socket("SOCKET");
         socket.set("kind", "listener").set("name", "t").set("listen", bound.toString());
         socket.set("bound", bound.toString());
-        socket.fd = UniqueFd(::fcntl(first->get(), F_DUPFD_CLOEXEC, 0));
-        (void)takeover::send(fd, socket, monotonicMs() + 5000);
+        const int listening_fd = first->get();
+        (void)takeover::send(fd, socket, monotonicMs() + 5000, {&listening_fd, 1});
         // Gone here, as a process killed -9 is: its end of the channel and its sockets close.
     });
     RelayProcess next;

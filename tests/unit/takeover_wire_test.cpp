@@ -25,28 +25,35 @@ struct Pair {
 
 int64_t soon() { return monotonicMs() + 2000; }
 
-TEST(TakeoverWireTest, AMessageAndItsFdCrossAsOneRecord) {
+TEST(TakeoverWireTest, AMessageAndItsFdsCrossAsOneRecordInOrder) {
     Pair p;
-    int pipe_fds[2];
-    ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
-    UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
-    Message m("SOCKET");
-    m.set("kind", "listener").set("name", "web one=%two\x01").set("listen", "unix:/run/a b");
-    m.fd = std::move(read_end);
-    ASSERT_TRUE(send(p.a.get(), m, soon()));
+    int first[2], second[2];
+    ASSERT_EQ(::pipe2(first, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(second, O_CLOEXEC), 0);
+    UniqueFd r1(first[0]), w1(first[1]), r2(second[0]), w2(second[1]);
+    Message m("CONN");
+    m.set("name", "web one=%two\x01").set("listen", "unix:/run/a b");
+    m.set("backend", "a").set("backend", "b");
+    const int fds[2] = {r1.get(), r2.get()};
+    ASSERT_TRUE(send(p.a.get(), m, soon(), fds));
+    EXPECT_GE(::fcntl(r1.get(), F_GETFD), 0) << "the sender's fds stay open";
     auto got = receive(p.b.get(), soon());
     ASSERT_TRUE(got) << got.error();
-    EXPECT_EQ(got->verb, "SOCKET");
+    EXPECT_EQ(got->verb, "CONN");
     EXPECT_EQ(got->get("name"), "web one=%two\x01");
     EXPECT_EQ(got->get("listen"), "unix:/run/a b");
     EXPECT_EQ(got->get("absent"), "");
-    ASSERT_TRUE(got->fd);
-    // The same pipe: what goes into the write end comes out of the fd that crossed.
-    ASSERT_EQ(::write(write_end.get(), "x", 1), 1);
+    EXPECT_EQ(got->all("backend"), (std::vector<std::string>{"a", "b"}));
+    ASSERT_EQ(got->fds.size(), 2u);
+    // The same pipes, in the order sent: what goes into each write end comes out of its fd.
+    ASSERT_EQ(::write(w1.get(), "x", 1), 1);
+    ASSERT_EQ(::write(w2.get(), "y", 1), 1);
     char c = 0;
-    EXPECT_EQ(::read(got->fd.get(), &c, 1), 1);
+    EXPECT_EQ(::read(got->fds[0].get(), &c, 1), 1);
     EXPECT_EQ(c, 'x');
-    EXPECT_NE(::fcntl(got->fd.get(), F_GETFD) & FD_CLOEXEC, 0) << "received close-on-exec";
+    EXPECT_EQ(::read(got->fds[1].get(), &c, 1), 1);
+    EXPECT_EQ(c, 'y');
+    EXPECT_NE(::fcntl(got->fds[0].get(), F_GETFD) & FD_CLOEXEC, 0) << "received close-on-exec";
 }
 
 TEST(TakeoverWireTest, WhatIsNotAMessageIsNamed) {
@@ -62,10 +69,11 @@ TEST(TakeoverWireTest, WhatIsNotAMessageIsNamed) {
     EXPECT_EQ(ok->get("pid"), "42");
 }
 
-TEST(TakeoverWireTest, TwoFdsOrARecordTooLongAreRefusedAndClosed) {
+TEST(TakeoverWireTest, TooManyFdsOrARecordTooLongAreRefusedAndClosed) {
     Pair p;
-    // Two fds in one record, as no giver sends them.
-    int fds[2] = {::dup(0), ::dup(0)};
+    // One fd more than any message carries.
+    int fds[kMaxFds + 1];
+    for (int& fd : fds) fd = ::dup(0);
     const char text[] = "SOCKET kind=listener";
     iovec iov{const_cast<char*>(text), sizeof text - 1};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof fds)] = {};
@@ -80,11 +88,10 @@ TEST(TakeoverWireTest, TwoFdsOrARecordTooLongAreRefusedAndClosed) {
     cm->cmsg_len = CMSG_LEN(sizeof fds);
     std::memcpy(CMSG_DATA(cm), fds, sizeof fds);
     ASSERT_EQ(::sendmsg(p.a.get(), &msg, 0), static_cast<ssize_t>(sizeof text - 1));
-    ::close(fds[0]);
-    ::close(fds[1]);
-    auto two = receive(p.b.get(), soon());
-    ASSERT_FALSE(two);
-    EXPECT_EQ(two.error(), "more than one fd in a message");
+    for (int fd : fds) ::close(fd);
+    auto many = receive(p.b.get(), soon());
+    ASSERT_FALSE(many);
+    EXPECT_EQ(many.error(), "more than 6 fds in a message");
 
     std::string longer(kMaxMessage + 10, 'A');
     ASSERT_EQ(::send(p.a.get(), longer.data(), longer.size(), 0),

@@ -1,0 +1,126 @@
+#pragma once
+// Handover: the live connections a relay passes to the one that took its listeners over
+// (takeover.hpp, protocol version 2), each as one CONN message with its sockets and the bytes
+// in flight between them.
+//
+// Why that is all a connection is: on the splice path its state is two sockets, the bytes a
+// pipe holds between them, and a few flags per direction. The sockets cross by SCM_RIGHTS, and
+// the kernel's TCP state (queues, sequence numbers, timers) belongs to the socket, not to the
+// process that holds an fd of it: the peers notice nothing, and the old relay closing its fds
+// afterwards sends no FIN. A pipe crosses the same way, bytes and all. Nothing moves meanwhile:
+// the old relay cancels the connection's polls and waits for their completions before it
+// sends, so no byte of it is anywhere but in the kernel.
+//
+// What stays with the old relay, which finishes it as it drains (counted as kept):
+//   - a connection not relaying yet (connecting, reading a PROXY header or a ClientHello, held
+//     at max_connections): it has state in the old relay's ring and memory, and becomes
+//     relayable within its connect or inspect timeout;
+//   - one on copy (bytes in user-space buffers) or sockmap (its sockets in the old relay's
+//     SOCKHASH, with records only that process's maps hold);
+//   - one being ended at max_connection_duration;
+//   - one whose listener, cluster or backend the new relay has not (its READY says what it
+//     has), or past the room the new relay has for fds (READY's room).
+//
+//   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US
+//        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N] ... d1
+//   + fds: the client's socket, the upstream socket, then the read and write ends of each
+//     direction's pipe that holds bytes (pipeD=N > 0), direction 0 first.
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <tl/expected.hpp>
+#include <vector>
+
+#include "address.hpp"
+#include "takeover_wire.hpp"
+#include "unique_fd.hpp"
+
+namespace zcrelay::handover {
+
+// A direction's splice state as it crosses (pump/splice_pump.hpp).
+struct HandedDirection {
+    bool finished = false;  // src's FIN was passed on: dst is shut down for writing
+    bool eof = false;       // src's end was read; the bytes before it may still be in the pipe
+    bool hup = false;       // a watch saw src's FIN, not read yet
+    uint32_t in_pipe = 0;   // bytes in the pipe, which crosses with them
+};
+
+struct HandedConn {
+    std::string listener;
+    std::string cluster;
+    std::string backend;   // the backend's key in its cluster
+    std::string route;     // "" without routes
+    SocketAddress client;  // length 0: not known
+    SocketAddress local;
+    int64_t start_unix_us = 0;  // wall clock at accept (the access log's start)
+    int64_t age_us = 0;         // how long it had lived when sent: timeouts count from its start
+    int64_t connect_us = 0;
+    uint32_t attempts = 0;
+    uint64_t bytes[2] = {0, 0};  // relayed so far, per direction
+    HandedDirection dir[2];
+    // Received only: the fds that came with it.
+    UniqueFd client_fd;
+    UniqueFd upstream_fd;
+    UniqueFd pipe_read[2];
+    UniqueFd pipe_write[2];
+};
+
+// The CONN message for `h` (fds apart: the sender passes its own).
+takeover::Message toMessage(const HandedConn& h);
+// A received CONN, its fds taken from `m`; the error names what was wrong, and every fd that
+// came is closed with `m`.
+tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m);
+
+// What a taker can take, said in its READY: connections on these listeners to these backends
+// ("cluster/key"), and how many its fd budget has room for.
+struct Acceptance {
+    uint64_t room = 0;
+    std::vector<std::string> listeners;
+    std::vector<std::string> backends;
+
+    bool takes(const std::string& listener, const std::string& cluster,
+               const std::string& backend) const;
+    void addTo(takeover::Message& m) const;
+    static Acceptance from(const takeover::Message& m);
+};
+
+// zcrelay_handover_connections_total's results: as the old relay, then as the new one.
+enum class Outcome : uint8_t { HandedOver, Kept, Failed, Taken, Lost, kCount };
+inline constexpr const char* kResultLabels[] = {"handed_over", "kept", "failed", "taken", "lost"};
+static_assert(std::size(kResultLabels) == static_cast<size_t>(Outcome::kCount));
+
+// One handover on the old relay's side, shared by its workers: each hands over its own
+// connections on its own thread (SOCK_SEQPACKET keeps each sendmsg one record, whoever sends
+// it), and the takeover's thread waits for all of them before it says DONE.
+class Outbound {
+  public:
+    Outbound(UniqueFd channel, Acceptance accepts, unsigned workers, int64_t deadline_ms);
+
+    // Whether a connection on `listener` to `cluster`/`backend` may go: the taker has them,
+    // and room for one more (taken here).
+    bool admits(const std::string& listener, const std::string& cluster,
+                const std::string& backend);
+    // Sends `h` with `fds`, bounded by the handover's deadline. After a failure every later
+    // send fails at once: the taker is gone or stuck.
+    tl::expected<void, std::string> send(const HandedConn& h, std::span<const int> fds);
+    bool failed() const { return failed_.load(); }
+    // A worker has handed over all it could.
+    void workerDone();
+    // Until every worker is done, or `deadline_ms`; false on the deadline.
+    bool waitForWorkers(int64_t deadline_ms);
+
+  private:
+    UniqueFd channel_;
+    const Acceptance accepts_;
+    const int64_t deadline_ms_;
+    std::atomic<int64_t> room_;
+    std::atomic<bool> failed_{false};
+    std::mutex mutex_;
+    std::condition_variable done_;
+    unsigned workers_left_;
+};
+
+}  // namespace zcrelay::handover
