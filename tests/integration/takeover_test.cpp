@@ -44,6 +44,7 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 #include "support/short_connection_load.hpp"
+#include "support/tcp_counters.hpp"
 #include "takeover_wire.hpp"
 #include "unix_path.hpp"
 
@@ -52,37 +53,6 @@ namespace {
 
 constexpr Millis kIo{10'000};
 const std::string kTakeoversTotal = metricName(Metric::Takeovers);
-
-// ---- the kernel's count of refusals, for this case's namespace -------------------------------
-
-// TcpExt ListenDrops and ListenOverflows (a SYN or an ACK dropped at a full or closing listener)
-// and Tcp OutRsts (every RST sent, a refused SYN's included), AttemptFails and EstabResets.
-std::map<std::string, long long> tcpCounters() {
-    std::map<std::string, long long> out;
-    for (const char* file : {"/proc/net/netstat", "/proc/net/snmp"}) {
-        std::ifstream in(file);
-        std::string names, values;
-        while (std::getline(in, names) && std::getline(in, values)) {
-            std::istringstream n(names), v(values);
-            std::string prefix, name, value;
-            n >> prefix;
-            v >> value;
-            while (n >> name && v >> value) out[prefix + name] = std::stoll(value);
-        }
-    }
-    return out;
-}
-
-std::string refusalsSince(const std::map<std::string, long long>& before) {
-    std::map<std::string, long long> now = tcpCounters();
-    std::string out;
-    for (const char* key : {"TcpExt:ListenDrops", "TcpExt:ListenOverflows", "Tcp:OutRsts",
-                            "Tcp:AttemptFails", "Tcp:EstabResets"}) {
-        const long long delta = now[key] - before.at(key);
-        if (delta != 0) out += std::string(key) + " +" + std::to_string(delta) + " ";
-    }
-    return out;
-}
 
 // ---- what the cases share --------------------------------------------------------------------
 

@@ -1,0 +1,359 @@
+// Handover through the real binary (proxy/handover.hpp): at a takeover the old relay passes its
+// relaying splice connections to the new one, their sockets and the bytes in their pipes, and
+// exits as soon as none is left. The oracle is the peers': every byte arrives once and in
+// order, nothing is reset (this case's network namespace counts no RST), the old pid is gone
+// within a second of the new relay's ready line, and the new relay counts each connection it
+// took (zcrelay_handover_connections_total, zcrelay_connections_active).
+//
+// What cannot cross yet (a connection on copy or sockmap, one still reading its PROXY header)
+// stays with the old relay, which finishes it as it drains: its bytes arrive intact too, and
+// the old relay lives until it ends.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clock.hpp"
+#include "support/labels.hpp"
+#include "support/loopback.hpp"
+#include "support/relay_process.hpp"
+#include "support/tcp_counters.hpp"
+
+namespace zcrelay::test::handover_test {
+namespace {
+
+constexpr Millis kIo{30'000};
+const std::string kHandover = metricName(Metric::HandoverConnections);
+const std::string kActive = metricName(Metric::ConnectionsActive);
+
+constexpr uint64_t kBulkBytes = uint64_t{1} << 30;
+constexpr uint64_t kSeedBulk = 0xB01C;
+constexpr uint64_t kSeedHalf = 0x4A1F;
+constexpr uint64_t kHalfPiece = 16 * 1024;
+constexpr int kHalfPieces = 150;  // 2.4 MiB over ~1.5 s: it spans the upgrade
+
+// The upstream, by the first byte a client sends:
+//   'E' echo: everything after it comes back, and its FIN;
+//   'H' half-close: reads until the client's FIN, then sends kHalfPieces pieces of payload
+//       kSeedHalf, 10 ms apart, and its own FIN.
+ConnScript dispatchScript() {
+    return [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream& up) {
+        char kind = 0;
+        IoResult first = readExactly(fd.get(), &kind, 1, kIo);
+        if (!first.ok()) return;
+        if (kind == 'E') return echoScript()(fd, rec, stop, up);
+        std::string ignored;
+        rec.read_end = readUntilEof(fd.get(), ignored, kIo);
+        for (int i = 0; i < kHalfPieces && !stop; ++i) {
+            rec.write_end = sendPayloadAt(fd.get(), kSeedHalf, i * kHalfPiece, kHalfPiece, kIo);
+            if (!rec.write_end.ok()) return;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        ::shutdown(fd.get(), SHUT_WR);
+    };
+}
+
+RelayConfig handoverConfig(const std::string& upstream, const std::string& mode,
+                           const std::string& socket_path) {
+    RelayConfig config = singleListenerConfig(upstream, mode);
+    config.drain_timeout = "120s";
+    config.extra_yaml = "takeover_socket: " + socket_path + "\n";
+    return config;
+}
+
+// Echoed messages, one at a time, each checked for its sequence number: order and loss show.
+// The longest wait for a reply is the pause the connection saw.
+class PingPong {
+  public:
+    PingPong(const std::string& host, uint16_t port)
+        : thread_([this, host, port] { run(host, port); }) {}
+    ~PingPong() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+    }
+    // Stops after the reply in flight, ends the stream with a FIN, and says what went wrong.
+    std::string finish() {
+        stop_ = true;
+        if (thread_.joinable()) thread_.join();
+        return error_;
+    }
+    int replies() const { return replies_.load(); }
+    int64_t longestWaitUs() const { return longest_us_; }
+
+  private:
+    void run(const std::string& host, uint16_t port) {
+        Connected c = connectTo(host, port, Millis{5'000});
+        if (!c.fd || !writeAll(c.fd.get(), "E", 1, kIo).ok()) {
+            error_ = "connect: " + c.error;
+            return;
+        }
+        char out[16], back[16];
+        for (uint32_t seq = 0; !stop_; ++seq) {
+            std::snprintf(out, sizeof out, "seq %010u\n", seq);
+            const auto sent = Clock::now();
+            IoResult w = writeAll(c.fd.get(), out, sizeof out, kIo);
+            IoResult r = w.ok() ? readExactly(c.fd.get(), back, sizeof back, kIo) : w;
+            if (!r.ok()) {
+                error_ = "message " + std::to_string(seq) + ": " + r.describe();
+                return;
+            }
+            if (std::memcmp(out, back, sizeof out) != 0) {
+                error_ = "message " + std::to_string(seq) + " came back as \"" +
+                         std::string(back, sizeof back - 1) + "\"";
+                return;
+            }
+            const int64_t us =
+                std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - sent).count();
+            longest_us_ = std::max(longest_us_, us);
+            ++replies_;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        ::shutdown(c.fd.get(), SHUT_WR);
+        std::string rest;
+        IoResult end = readUntilEof(c.fd.get(), rest, kIo);
+        if (end.status != IoStatus::Eof || !rest.empty())
+            error_ = "end: " + end.describe() + ", " + std::to_string(rest.size()) + " bytes more";
+    }
+
+    std::atomic<bool> stop_{false};
+    std::atomic<int> replies_{0};
+    int64_t longest_us_ = 0;
+    std::string error_;
+    std::thread thread_;
+};
+
+// A client that half-closes at once and then reads what the upstream keeps sending.
+class HalfClosed {
+  public:
+    HalfClosed(const std::string& host, uint16_t port)
+        : thread_([this, host, port] { run(host, port); }) {}
+    ~HalfClosed() {
+        if (thread_.joinable()) thread_.join();
+    }
+    ReceiveCheck join() {
+        if (thread_.joinable()) thread_.join();
+        return check_;
+    }
+
+  private:
+    void run(const std::string& host, uint16_t port) {
+        Connected c = connectTo(host, port, Millis{5'000});
+        if (!c.fd || !writeAll(c.fd.get(), "H", 1, kIo).ok()) {
+            check_.io.status = IoStatus::Error;
+            return;
+        }
+        ::shutdown(c.fd.get(), SHUT_WR);
+        check_ = receivePayloadUntilEof(c.fd.get(), kSeedHalf, kIo);
+    }
+
+    ReceiveCheck check_;
+    std::thread thread_;
+};
+
+// A 1 GiB byte-checked echo: the payload goes up and comes back down.
+class Bulk {
+  public:
+    Bulk(const std::string& host, uint16_t port)
+        : thread_([this, host, port] {
+              Connected c = connectTo(host, port, Millis{5'000});
+              if (!c.fd || !writeAll(c.fd.get(), "E", 1, kIo).ok()) {
+                  check_.io.status = IoStatus::Error;
+                  return;
+              }
+              check_ = echoRoundTrip(c.fd.get(), kSeedBulk, kBulkBytes, kIo, &sent_);
+          }) {}
+    ~Bulk() {
+        if (thread_.joinable()) thread_.join();
+    }
+    ReceiveCheck join(IoResult& sent) {
+        if (thread_.joinable()) thread_.join();
+        sent = sent_;
+        return check_;
+    }
+
+  private:
+    ReceiveCheck check_;
+    IoResult sent_;
+    std::thread thread_;
+};
+
+class HandoverTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        ASSERT_TRUE(up_.ok()) << up_.error();
+        socket_ = scratch_.file("takeover.sock");
+    }
+
+    // Starts the next relay on the old one's config with --takeover: once it says ready, every
+    // connection has crossed or been kept. Then waits for the old relay's exit and returns how
+    // long that took after the ready line, in ms (-1: it still runs after `wait`).
+    int64_t upgrade(RelayProcess& old, RelayProcess& next, Millis wait) {
+        if (!next.startWithArgs({"-c", old.configPath(), "--takeover"})) {
+            ADD_FAILURE() << "the new relay did not start: " << next.stderrText();
+            return -1;
+        }
+        const auto ready = Clock::now();
+        if (!old.waitExit(wait)) return -1;
+        return std::chrono::duration_cast<Millis>(Clock::now() - ready).count();
+    }
+
+    ScriptedUpstream up_{AF_INET, dispatchScript()};
+    TempDir scratch_;
+    std::string socket_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Splice: everything crosses, mid-stream.
+
+TEST_F(HandoverTest, BulkPingPongAndAHalfCloseCrossMidStreamAndTheOldPidGoesAtOnce) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    const auto counters = tcpCounters();
+    Bulk bulk(old.host(), old.port());
+    PingPong ping(old.host(), old.port());
+    HalfClosed half(old.host(), old.port());
+    // All three under way: the bulk some way in, the ping-pong answering, the half-closed one
+    // receiving (the upstream sends only after the client's FIN).
+    ASSERT_TRUE(waitUntil(
+        [&] { return up_.liveBytesReceived() > (64u << 20) && ping.replies() > 20; }, kIo));
+    ASSERT_TRUE(old.waitForMetric(metricName(Metric::HalfClosed), metric::listener(), 1.0));
+    const int pings_before = ping.replies();
+
+    RelayProcess next;
+    const int64_t exit_ms = upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000});
+    EXPECT_GE(exit_ms, 0) << "the old relay still runs:\n" << old.stderrText();
+
+    IoResult sent;
+    ReceiveCheck echoed = bulk.join(sent);
+    EXPECT_TRUE(sent.ok()) << sent.describe();
+    EXPECT_EQ(echoed.io.status, IoStatus::Eof) << echoed.describe();
+    EXPECT_EQ(echoed.bytes, kBulkBytes);
+    EXPECT_EQ(echoed.first_mismatch, -1) << echoed.describe();
+    // The ping-pong goes on through the new relay, every reply in order.
+    ASSERT_TRUE(waitUntil([&] { return ping.replies() > pings_before + 50; }, kIo));
+    EXPECT_EQ(ping.finish(), "");
+    ReceiveCheck halved = half.join();
+    EXPECT_EQ(halved.io.status, IoStatus::Eof) << halved.describe();
+    EXPECT_EQ(halved.bytes, kHalfPiece * kHalfPieces);
+    EXPECT_EQ(halved.first_mismatch, -1) << halved.describe();
+
+    // All three crossed: the bulk transfer too, mid-way (1 GiB takes longer than an upgrade).
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 3.0) << next.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "lost"}}), 0.0);
+    EXPECT_EQ(refusalsSince(counters), "") << "the kernel reset connections";
+    const std::string log = old.stderrText();
+    EXPECT_NE(log.find("handed over"), std::string::npos) << log;
+    std::cout << "old relay gone " << exit_ms << " ms after the new one's ready line; the "
+              << "ping-pong's longest reply took " << ping.longestWaitUs() << " us\n";
+    ExitStatus stopped = next.terminate();
+    EXPECT_TRUE(stopped.cleanExit()) << stopped.describe();
+}
+
+// Idle connections cross by the thousand; each works afterwards, and the new relay counts every
+// one of them as active, none twice (the old one is gone, its count with it).
+TEST_F(HandoverTest, IdleConnectionsCrossEachStillWorksAndIsCountedOnce) {
+    const int kIdle = kSanitized ? 200 : 1000;
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    std::vector<Fd> idle;
+    for (int i = 0; i < kIdle; ++i) {
+        Connected c = connectTo(old.host(), old.port());
+        ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
+        ASSERT_TRUE(writeAll(c.fd.get(), "E", 1, kIo).ok());
+        idle.push_back(std::move(c.fd));
+    }
+    ASSERT_TRUE(up_.waitForAccepted(static_cast<size_t>(kIdle), kIo));
+    ASSERT_TRUE(old.waitForMetric(kActive, metric::listener(), static_cast<double>(kIdle)));
+
+    RelayProcess next;
+    const int64_t exit_ms = upgrade(old, next, Millis{kSanitized ? 10'000 : 2'000});
+    EXPECT_GE(exit_ms, 0) << "the old relay still runs:\n" << old.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), static_cast<double>(kIdle));
+    EXPECT_EQ(next.metric(kActive, metric::listener()), static_cast<double>(kIdle));
+    int failed = 0;
+    std::string first;
+    for (Fd& fd : idle) {
+        char back[4] = {};
+        IoResult w = writeAll(fd.get(), "ping", 4, kIo);
+        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
+        if ((!r.ok() || std::memcmp(back, "ping", 4) != 0) && failed++ == 0) first = r.describe();
+    }
+    EXPECT_EQ(failed, 0) << "the first: " << first;
+    idle.clear();
+    EXPECT_TRUE(next.waitForMetric(kActive, metric::listener(), 0.0));
+    std::cout << kIdle << " idle connections: the old relay was gone " << exit_ms
+              << " ms after the new one's ready line\n";
+}
+
+// ---------------------------------------------------------------------------------------------
+// What stays: copy and sockmap connections, and one mid-PROXY-header, are the old relay's to
+// finish; they keep it alive, and their bytes are intact.
+
+class HandoverKept : public HandoverTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(HandoverKept, TheOldRelayFinishesWhatCannotCross) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), GetParam(), socket_)));
+    PingPong ping(old.host(), old.port());
+    HalfClosed half(old.host(), old.port());
+    ASSERT_TRUE(waitUntil([&] { return ping.replies() > 20; }, kIo));
+
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    // In sockmap mode the half-closed client's FIN is in before its sockets could enter the
+    // map, so it runs splice (sockmap_fallbacks not_established), and crosses.
+    EXPECT_LE(next.metric(kHandover, {{"result", "taken"}}), GetParam() == "sockmap" ? 1.0 : 0.0);
+    EXPECT_TRUE(old.running()) << "the old relay left its connections";
+    const int pings = ping.replies();
+    ASSERT_TRUE(waitUntil([&] { return ping.replies() > pings + 50; }, kIo));
+    EXPECT_EQ(ping.finish(), "");
+    ReceiveCheck halved = half.join();
+    EXPECT_EQ(halved.io.status, IoStatus::Eof) << halved.describe();
+    EXPECT_EQ(halved.bytes, kHalfPiece * kHalfPieces);
+    EXPECT_EQ(halved.first_mismatch, -1);
+    // With its connections done, the old relay's drain ends.
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    EXPECT_NE(old.stderrText().find(" kept here to drain"), std::string::npos) << old.stderrText();
+    next.terminate();
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, HandoverKept, ::testing::Values("copy", "sockmap"),
+                         [](const auto& info) { return info.param; });
+
+TEST_F(HandoverTest, AConnectionMidProxyHeaderStaysAndIsServedWhole) {
+    RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
+    config.listeners[0].extra_yaml = "    accept_proxy: true\n";
+    RelayProcess old;
+    ASSERT_TRUE(old.start(config));
+    Connected c = connectTo(old.host(), old.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    const std::string header = "PROXY TCP4 192.0.2.1 198.51.100.2 40000 443\r\n";
+    ASSERT_TRUE(writeAll(c.fd.get(), header.data(), 12, kIo).ok());  // "PROXY TCP4 1"
+
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 0.0);
+    EXPECT_TRUE(old.running());
+    const std::string rest = header.substr(12) + "Ehello";
+    ASSERT_TRUE(writeAll(c.fd.get(), rest.data(), rest.size(), kIo).ok());
+    char back[5] = {};
+    IoResult r = readExactly(c.fd.get(), back, 5, kIo);
+    EXPECT_TRUE(r.ok()) << r.describe();
+    EXPECT_EQ(std::string(back, 5), "hello");
+    c.fd.reset();
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    next.terminate();
+}
+
+}  // namespace
+}  // namespace zcrelay::test::handover_test
