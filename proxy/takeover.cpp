@@ -172,7 +172,8 @@ std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
         return "pid " + std::to_string(taken.giver) + " did not hear READY (" + sent.error() +
                "); serving on the sockets it passed";
     size_t conns = 0;
-    std::string broken;
+    const int64_t handover_us = monotonicUs();
+    const double ready_ms = static_cast<double>(handover_us - taken.started_us) / 1000.0;
     tl::expected<Message, std::string> done = tl::unexpected(std::string("nothing came"));
     for (;;) {
         done = receive(taken.channel.get(), monotonicMs() + kDoneMs);
@@ -208,10 +209,11 @@ std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
         return line;
     }
     std::snprintf(line, sizeof line,
-                  "took %zu sockets (%s listeners) and %zu connections over from pid %d (zcrelay "
-                  "%s) in %.1f ms; it drains the connections it kept",
-                  taken.count, done->get("listeners").c_str(), conns, static_cast<int>(taken.giver),
-                  taken.giver_release.c_str(), ms);
+                  "took %zu sockets (%s listeners) over from pid %d (zcrelay %s) in %.1f ms, and "
+                  "%zu connections in %.1f ms after READY; it drains the connections it kept",
+                  taken.count, done->get("listeners").c_str(), static_cast<int>(taken.giver),
+                  taken.giver_release.c_str(), ready_ms, conns,
+                  static_cast<double>(monotonicUs() - handover_us) / 1000.0);
     return line;
 }
 
