@@ -71,6 +71,7 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
     if (c.have_local) h.local = c.local;
     h.start_unix_us = c.accepted_us;
     h.age_us = monotonicUs() - c.accepted_mono_us;
+    h.quiet_ms = now_ms_ - c.last_active_ms;
     h.connect_us = c.connect_us;
     h.attempts = c.attempts;
     int fds[takeover::kMaxFds];
@@ -156,7 +157,8 @@ void Connections::adopt(handover::HandedConn& h) {
     c.fd[0] = h.client_fd.release();
     c.fd[1] = h.upstream_fd.release();
     c.counted_active = true;
-    // Its timeouts (max_connection_duration, the access log's duration) count from its start.
+    // Its timeouts count on from where they were: max_connection_duration (and the access
+    // log's duration) from its start, idle and fin timeouts from its last byte.
     c.accepted_us = h.start_unix_us;
     c.accepted_mono_us = monotonicUs() - h.age_us;
     c.connect_us = h.connect_us;
@@ -165,7 +167,7 @@ void Connections::adopt(handover::HandedConn& h) {
     c.have_client = h.client.length != 0;
     c.local = h.local;
     c.have_local = h.local.length != 0;
-    c.last_active_ms = now_ms_;
+    c.last_active_ms = now_ms_ - h.quiet_ms;
     lstats(c).handed_in.add();
     acceptor_.adopted(c);
     upstream_.adopted(c);

@@ -40,6 +40,7 @@ takeover::Message toMessage(const HandedConn& h) {
     if (h.local.length != 0) m.set("local", h.local.toString());
     m.set("start", number(static_cast<uint64_t>(std::max<int64_t>(0, h.start_unix_us))))
         .set("age", number(static_cast<uint64_t>(std::max<int64_t>(0, h.age_us))))
+        .set("quiet", number(static_cast<uint64_t>(std::max<int64_t>(0, h.quiet_ms))))
         .set("connect", number(static_cast<uint64_t>(std::max<int64_t>(0, h.connect_us))))
         .set("attempts", number(h.attempts))
         .set("up", number(h.bytes[0]))
@@ -73,14 +74,16 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
         if (!a) return bad(std::string("a bad ") + key + " address");
         (std::string(key) == "client" ? h.client : h.local) = *a;
     }
-    uint64_t start = 0, age = 0, connect = 0, attempts = 0;
+    uint64_t start = 0, age = 0, quiet = 0, connect = 0, attempts = 0;
     if (!readNumber(m, "start", start, INT64_MAX) || !readNumber(m, "age", age, INT64_MAX) ||
+        !readNumber(m, "quiet", quiet, INT64_MAX) ||
         !readNumber(m, "connect", connect, INT64_MAX) ||
         !readNumber(m, "attempts", attempts, UINT8_MAX) || !readNumber(m, "up", h.bytes[0]) ||
         !readNumber(m, "down", h.bytes[1]))
         return bad("a missing or bad number");
     h.start_unix_us = static_cast<int64_t>(start);
     h.age_us = static_cast<int64_t>(age);
+    h.quiet_ms = static_cast<int64_t>(quiet);
     h.connect_us = static_cast<int64_t>(connect);
     h.attempts = static_cast<uint32_t>(attempts);
     size_t fds_wanted = 2;

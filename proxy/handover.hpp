@@ -21,7 +21,7 @@
 //   - one whose listener, cluster or backend the new relay has not (its READY says what it
 //     has), or past the room the new relay has for fds (READY's room).
 //
-//   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US
+//   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US quiet=MS
 //        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N] ... d1
 //   + fds: the client's socket, the upstream socket, then the read and write ends of each
 //     direction's pipe that holds bytes (pipeD=N > 0), direction 0 first.
@@ -56,7 +56,8 @@ struct HandedConn {
     SocketAddress client;  // length 0: not known
     SocketAddress local;
     int64_t start_unix_us = 0;  // wall clock at accept (the access log's start)
-    int64_t age_us = 0;         // how long it had lived when sent: timeouts count from its start
+    int64_t age_us = 0;    // how long it had lived when sent: max_connection_duration counts on
+    int64_t quiet_ms = 0;  // since its last byte: the idle and fin timeouts count on
     int64_t connect_us = 0;
     uint32_t attempts = 0;
     uint64_t bytes[2] = {0, 0};  // relayed so far, per direction

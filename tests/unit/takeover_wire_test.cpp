@@ -1,4 +1,4 @@
-// The takeover's wire (proxy/takeover_wire.hpp): a message and its fd cross a real socketpair
+// The takeover's wire (proxy/takeover_wire.hpp): a message and its fds cross a real socketpair
 // as one record; values with spaces, '=' and bytes outside printable ASCII come back as sent;
 // and what is not a message is an error naming what came, with no fd left open.
 #include "takeover_wire.hpp"

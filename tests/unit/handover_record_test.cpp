@@ -1,0 +1,148 @@
+// A live connection as it crosses (proxy/handover.hpp): a CONN record and its fds cross a real
+// socketpair and come back as sent, pipes in order; a record that lies about its fds, or lacks
+// what a connection needs, is an error naming it, and the fds that came are closed. What a
+// taker takes (Acceptance) and the old side's room.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "clock.hpp"
+#include "handover.hpp"
+
+namespace zcrelay::handover {
+namespace {
+
+struct Pair {
+    UniqueFd a, b;
+    Pair() {
+        int fds[2];
+        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
+        a.reset(fds[0]);
+        b.reset(fds[1]);
+    }
+};
+
+HandedConn sample() {
+    HandedConn h;
+    h.listener = "web front";
+    h.cluster = "app";
+    h.backend = "127.0.0.1:8080";
+    h.route = "api";
+    h.client = *parseAddress("192.0.2.7:40000");
+    h.local = *parseAddress("[::1]:443");
+    h.start_unix_us = 1'700'000'000'000'000;
+    h.age_us = 3'600'000'000;
+    h.quiet_ms = 1'234;
+    h.connect_us = 210;
+    h.attempts = 2;
+    h.bytes[0] = 1ull << 40;
+    h.bytes[1] = 17;
+    h.dir[0] = {true, true, false, 0};
+    h.dir[1] = {false, true, true, 65'536};
+    return h;
+}
+
+TEST(HandoverRecordTest, AConnectionAndItsFdsCrossAsSent) {
+    Pair p;
+    int sockets[2], pipe_fds[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+    ASSERT_EQ(::pipe2(pipe_fds, O_CLOEXEC), 0);
+    UniqueFd s0(sockets[0]), s1(sockets[1]), r(pipe_fds[0]), w(pipe_fds[1]);
+    ASSERT_EQ(::write(w.get(), "inflight", 8), 8);
+    const HandedConn sent = sample();
+    const int fds[4] = {s0.get(), s1.get(), r.get(), w.get()};
+    ASSERT_TRUE(takeover::send(p.a.get(), toMessage(sent), monotonicMs() + 2000, fds));
+
+    auto m = takeover::receive(p.b.get(), monotonicMs() + 2000);
+    ASSERT_TRUE(m) << m.error();
+    auto got = fromMessage(*m);
+    ASSERT_TRUE(got) << got.error();
+    EXPECT_EQ(got->listener, sent.listener);
+    EXPECT_EQ(got->cluster, sent.cluster);
+    EXPECT_EQ(got->backend, sent.backend);
+    EXPECT_EQ(got->route, sent.route);
+    EXPECT_EQ(got->client.toString(), sent.client.toString());
+    EXPECT_EQ(got->local.toString(), sent.local.toString());
+    EXPECT_EQ(got->start_unix_us, sent.start_unix_us);
+    EXPECT_EQ(got->age_us, sent.age_us);
+    EXPECT_EQ(got->quiet_ms, sent.quiet_ms);
+    EXPECT_EQ(got->connect_us, sent.connect_us);
+    EXPECT_EQ(got->attempts, sent.attempts);
+    EXPECT_EQ(got->bytes[0], sent.bytes[0]);
+    EXPECT_EQ(got->bytes[1], sent.bytes[1]);
+    for (int d = 0; d < 2; ++d) {
+        EXPECT_EQ(got->dir[d].finished, sent.dir[d].finished) << d;
+        EXPECT_EQ(got->dir[d].eof, sent.dir[d].eof) << d;
+        EXPECT_EQ(got->dir[d].hup, sent.dir[d].hup) << d;
+        EXPECT_EQ(got->dir[d].in_pipe, sent.dir[d].in_pipe) << d;
+    }
+    ASSERT_TRUE(got->client_fd && got->upstream_fd);
+    EXPECT_FALSE(got->pipe_read[0]) << "direction 0 had no bytes in a pipe";
+    ASSERT_TRUE(got->pipe_read[1] && got->pipe_write[1]);
+    // The pipe that crossed holds the bytes put in before, and the sockets are the same pair.
+    char back[8] = {};
+    EXPECT_EQ(::read(got->pipe_read[1].get(), back, 8), 8);
+    EXPECT_EQ(std::string(back, 8), "inflight");
+    ASSERT_EQ(::write(got->client_fd.get(), "x", 1), 1);
+    EXPECT_EQ(::read(s1.get(), back, 1), 1);
+}
+
+TEST(HandoverRecordTest, ARecordThatLiesAboutItsFdsOrLacksWhatAConnectionNeedsIsRefused) {
+    Pair p;
+    int sockets[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+    UniqueFd s0(sockets[0]), s1(sockets[1]);
+    const int two[2] = {s0.get(), s1.get()};
+
+    // It says a pipe holds bytes, and no pipe came.
+    ASSERT_TRUE(takeover::send(p.a.get(), toMessage(sample()), monotonicMs() + 2000, two));
+    auto m = takeover::receive(p.b.get(), monotonicMs() + 2000);
+    ASSERT_TRUE(m) << m.error();
+    auto bad = fromMessage(*m);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error(), "CONN listener=web front: 2 fds came, 4 expected");
+    m.value().fds.clear();  // closed here: none of them leaks
+
+    HandedConn nameless = sample();
+    nameless.dir[1].in_pipe = 0;
+    nameless.backend.clear();
+    ASSERT_TRUE(takeover::send(p.a.get(), toMessage(nameless), monotonicMs() + 2000, two));
+    m = takeover::receive(p.b.get(), monotonicMs() + 2000);
+    ASSERT_TRUE(m) << m.error();
+    bad = fromMessage(*m);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error(), "CONN listener=web front: no listener, cluster or backend");
+
+    takeover::Message garbled = toMessage(sample());
+    garbled.fields.erase(garbled.fields.begin() + 6);  // "start"
+    bad = fromMessage(garbled);
+    ASSERT_FALSE(bad);
+    EXPECT_EQ(bad.error(), "CONN listener=web front: a missing or bad number");
+    takeover::Message done = *takeover::parse("DONE listeners=2");
+    EXPECT_FALSE(fromMessage(done));
+}
+
+TEST(HandoverRecordTest, ATakerSaysWhatItTakesAndTheGiverSpendsItsRoom) {
+    Acceptance a;
+    a.room = 2;
+    a.listeners = {"web"};
+    a.backends = {"app/127.0.0.1:8080"};
+    takeover::Message ready("READY");
+    a.addTo(ready);
+    const Acceptance said = Acceptance::from(*takeover::parse(ready.line()));
+    EXPECT_EQ(said.room, 2u);
+    EXPECT_TRUE(said.takes("web", "app", "127.0.0.1:8080"));
+    EXPECT_FALSE(said.takes("web", "app", "127.0.0.1:8081")) << "a backend it has not";
+    EXPECT_FALSE(said.takes("other", "app", "127.0.0.1:8080")) << "a listener it has not";
+
+    Outbound out(UniqueFd(), said, 1, monotonicMs() + 1000);
+    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080"));
+    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080"));
+    EXPECT_FALSE(out.admits("web", "app", "127.0.0.1:8080")) << "past the room it said";
+    out.workerDone();
+    EXPECT_TRUE(out.waitForWorkers(monotonicMs() + 1000));
+}
+
+}  // namespace
+}  // namespace zcrelay::handover
