@@ -308,7 +308,7 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
         << (param.trigger == Trigger::Flag ? next.stderrText() : std::string("(in the old one's)"));
     EXPECT_GT(at_ready, before);
 
-    // The idle connections are the old relay's still: each works, then ends.
+    // The idle connections work on: handed over (splice), or still the old relay's (copy, sockmap).
     int idle_failed = 0;
     std::string first;
     for (Fd& fd : idle) {
