@@ -24,6 +24,8 @@
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
 #include "support/tcp_counters.hpp"
+#include "takeover.hpp"
+#include "takeover_wire.hpp"
 
 namespace zcrelay::test::handover_test {
 namespace {
@@ -183,6 +185,17 @@ class Bulk {
     std::thread thread_;
 };
 
+// One short exchange through `relay`'s listener: "" or what failed.
+std::string exchangeThrough(RelayProcess& relay) {
+    Connected c = connectTo(relay.host(), relay.port());
+    if (!c.fd) return "connect: " + c.error;
+    char back[5] = {};
+    IoResult w = writeAll(c.fd.get(), "Ehello", 6, kIo);
+    IoResult r = w.ok() ? readExactly(c.fd.get(), back, 5, kIo) : w;
+    if (!r.ok()) return r.describe();
+    return std::string(back, 5) == "hello" ? "" : "the echo differs";
+}
+
 class HandoverTest : public ::testing::Test {
   protected:
     void SetUp() override {
@@ -289,6 +302,136 @@ TEST_F(HandoverTest, IdleConnectionsCrossEachStillWorksAndIsCountedOnce) {
     EXPECT_TRUE(next.waitForMetric(kActive, metric::listener(), 0.0));
     std::cout << kIdle << " idle connections: the old relay was gone " << exit_ms
               << " ms after the new one's ready line\n";
+}
+
+// The old relay killed -9 while its workers hand over: what crossed relays on in the new one,
+// what had not crossed closes with the old process, and no connection is left hanging: each
+// one either works or is closed (EOF or RST). The new relay serves on.
+TEST_F(HandoverTest, TheOldRelayKilledMidwayLeavesEveryConnectionWorkingOrClosed) {
+    const int kIdle = kSanitized ? 300 : 2000;
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    std::vector<Fd> idle;
+    for (int i = 0; i < kIdle; ++i) {
+        Connected c = connectTo(old.host(), old.port());
+        ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
+        ASSERT_TRUE(writeAll(c.fd.get(), "E", 1, kIo).ok());
+        idle.push_back(std::move(c.fd));
+    }
+    ASSERT_TRUE(up_.waitForAccepted(static_cast<size_t>(kIdle), kIo));
+    // The kill lands when the first worker said it is done handing over, while the other may
+    // still be sending; it may also land later: the case holds either way.
+    std::thread killer([&] {
+        waitUntil([&] { return old.stderrText().find("handover: ") != std::string::npos; },
+                  Millis{20'000});
+        old.sendSignal(SIGKILL);
+    });
+    RelayProcess next;
+    const bool started = next.startWithArgs({"-c", old.configPath(), "--takeover"});
+    killer.join();
+    ASSERT_TRUE(started) << next.stderrText();
+    ASSERT_TRUE(old.waitExit(kIo));
+    int works = 0, closed = 0, hung = 0;
+    std::string first_hung;
+    for (Fd& fd : idle) {
+        char back[4] = {};
+        IoResult w = writeAll(fd.get(), "ping", 4, Millis{5'000});
+        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, Millis{5'000}) : w;
+        if (r.ok() && std::memcmp(back, "ping", 4) == 0) {
+            ++works;
+        } else if (r.status == IoStatus::Eof || r.status == IoStatus::Reset) {
+            ++closed;
+        } else if (hung++ == 0) {
+            first_hung = r.describe();
+        }
+    }
+    EXPECT_EQ(hung, 0) << "neither working nor closed; the first: " << first_hung;
+    EXPECT_EQ(works + closed, kIdle);
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), static_cast<double>(works))
+        << "every connection the new relay took works, and only those";
+    EXPECT_EQ(exchangeThrough(next), "");
+    std::cout << kIdle << " idle connections, the old relay killed midway: " << works
+              << " crossed and work, " << closed << " closed with it\n";
+}
+
+// A taker that speaks only protocol version 1 (a relay from before the handover) gets the
+// listening sockets and no connection: the old relay drains them, as before.
+TEST_F(HandoverTest, AVersion1TakerGetsNoConnectionAndTheOldRelayDrainsThem) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    PingPong ping(old.host(), old.port());
+    ASSERT_TRUE(waitUntil([&] { return ping.replies() > 20; }, kIo));
+    auto channel = takeover::connectTo(socket_);
+    ASSERT_TRUE(channel) << channel.error().why;
+    takeover::Message hello("HELLO");
+    hello.set("versions", "1").set("pid", "1").set("release", "before-handover");
+    ASSERT_TRUE(takeover::send(channel->get(), hello, monotonicMs() + 5000));
+    std::vector<takeover::Message> came;
+    for (;;) {
+        auto m = takeover::receive(channel->get(), monotonicMs() + 5000);
+        ASSERT_TRUE(m) << m.error();
+        if (m->verb == "END") break;
+        came.push_back(std::move(*m));
+    }
+    ASSERT_FALSE(came.empty());
+    EXPECT_EQ(came[0].get("version"), "1");
+    takeover::Message ready("READY");
+    ready.set("pid", "1");
+    ASSERT_TRUE(takeover::send(channel->get(), ready, monotonicMs() + 5000));
+    auto done = takeover::receive(channel->get(), monotonicMs() + 10'000);
+    ASSERT_TRUE(done) << done.error();
+    EXPECT_EQ(done->verb, "DONE") << "a connection came to a version 1 taker: " << done->line();
+    const int pings = ping.replies();
+    ASSERT_TRUE(waitUntil([&] { return ping.replies() > pings + 20; }, kIo))
+        << "the kept connection stopped";
+    EXPECT_TRUE(old.running());
+    EXPECT_EQ(ping.finish(), "");
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+}
+
+// A real client: iperf3 streams for 4 s through the relay, upgraded 1.5 s in; its control and
+// data connections both cross, and it finishes as if nothing happened.
+TEST_F(HandoverTest, AnIperf3StreamKeepsGoingAcrossTheUpgrade) {
+    auto iperf3 = findExecutable("iperf3");
+    ASSERT_TRUE(iperf3) << "iperf3 is not installed (deploy/install-deps.sh installs it)";
+    ChildProcess server;
+    const std::string err_path = scratch_.file("iperf3-server.err");
+    uint16_t server_port = 0;
+    ASSERT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
+        ChildProcess::Options o;
+        o.argv = {*iperf3, "-s", "-B", "127.0.0.1", "-p", std::to_string(port)};
+        o.stdout_path = scratch_.file("iperf3-server.out");
+        o.stderr_path = err_path;
+        if (!server.spawn(o, why)) return PortLaunch::Failed;
+        if (waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000})) {
+            server_port = port;
+            return PortLaunch::Up;
+        }
+        why = "iperf3 -s never listened: " + readFileText(err_path);
+        server.killAndWait();
+        return PortLaunch::Retry;
+    }));
+    RelayProcess old;
+    ASSERT_TRUE(
+        old.start(handoverConfig(loopbackHostPort(AF_INET, server_port), "splice", socket_)));
+    CommandResult client;
+    std::thread run([&] {
+        client = runCommand(
+            {*iperf3, "-c", "127.0.0.1", "-p", std::to_string(old.port()), "-t", "4", "-J"},
+            Millis{60'000});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+    RelayProcess next;
+    const int64_t exit_ms = upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000});
+    run.join();
+    EXPECT_GE(exit_ms, 0) << "the old relay still runs:\n" << old.stderrText();
+    EXPECT_TRUE(client.status.cleanExit()) << client.describe();
+    EXPECT_NE(client.out.find("\"sum_received\""), std::string::npos) << client.out.substr(0, 2000);
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 2.0) << next.stderrText();
+    server.sendSignal(SIGTERM);
+    EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(err_path);
 }
 
 // ---------------------------------------------------------------------------------------------
