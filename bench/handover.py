@@ -5,7 +5,8 @@ N idle connections over.
 
 Usage: bench/handover.py [ROUNDS (3)]   (ZCRELAY_BUILD picks the build dir)
 
-Needs bench/echo_server in the build (the upstream, without --close-after), haproxy and nginx
+The zcrelay binary is copied at the start and that copy runs throughout (its sha256 is on the
+host line), so a rebuild during the run does not mix binaries. Needs bench/echo_server in the build (the upstream, without --close-after), haproxy and nginx
 with its stream module, as bench/upgrade.py does; its helpers (processes, the log taps, ports,
 the peers' ways) are imported from there.
 
@@ -17,8 +18,13 @@ peers' 3 s hard stop). The ways, interleaved round-robin (order rotated every ro
   zcrelay-handover  `zcrelay -c SAMEFILE --takeover` beside a relay with takeover_socket, mode
                     splice: the live connections cross to the new relay, the old one exits.
                     Ready: the new relay's "zcrelay: ready".
-  zcrelay-kept      the same with mode copy: the connections stay with the old relay, which
-                    drains them (drain_timeout 60s), as a takeover did before the handover.
+  zcrelay-kept      the same, except that the new relay's config names the listener
+                    differently (t-new for t): it takes the listening sockets (matched by
+                    address) but none of the connections (a connection crosses only to a
+                    listener of its name), so the old relay keeps and drains them all
+                    (drain_timeout 60s): a takeover as it was before the handover, on the same
+                    data path. (Mode copy stayed behind as well when this bench was written;
+                    the handover of copy connections was being added then.)
   haproxy-reload    haproxy -W -S, `expose-fd listeners`, `hard-stop-after 3s`; SIGUSR2 to the
                     master. Ready: the master's "Loading success." after "New worker (N) forked".
   nginx-usr2        nginx stream, `worker_shutdown_timeout 3s`; SIGUSR2, then SIGQUIT to the old
@@ -48,12 +54,14 @@ started (or that those reported: the peers' new masters and workers) are stopped
 becomes a child subreaper so nginx's daemonised masters are reaped here.
 """
 import errno
+import hashlib
 import heapq
 import json
 import os
 import re
 import resource
 import selectors
+import shutil
 import signal
 import socket
 import struct
@@ -82,6 +90,10 @@ LOST_AFTER = 1.0       # an echo not back this long after its send at the end: l
 POLL = 0.005           # /proc polling of the old process
 NS = (1000, 2000, 4000)
 OPEN_INFLIGHT = 256    # idle connections being opened at once
+# Opened in batches of this many, each once the relay's pipes are back (see idle_round);
+# ZCRELAY_HANDOVER_BATCH=0 opens them all at once.
+OPEN_BATCH = int(os.environ.get("ZCRELAY_HANDOVER_BATCH", "500"))
+SHOW_LOGS = os.environ.get("ZCRELAY_HANDOVER_LOGS") == "1"   # the relays' logs every round
 IDLE_STEP_TIMEOUT = 30.0   # opening, or checking, N idle connections
 
 TOOK_RX = (r"took (\d+) sockets \((\d+) listeners\) over from pid (\d+) \(zcrelay [^)]*\) in "
@@ -266,21 +278,33 @@ def start_echo(seconds):
 # --------------------------------------------------------------------------- the ways
 
 class Zc(U.Zcrelay):
-    """A relay with takeover_socket and the given mode; upgraded by --takeover."""
+    """A relay with takeover_socket, mode splice, upgraded by --takeover. With kept, the new
+    relay's config names the listener differently: it takes the listening sockets (matched by
+    address) but no connection (a connection crosses only to a listener of its own name), so
+    the old relay keeps and drains them all, as a takeover did before the handover."""
 
-    def __init__(self, mode, *a):
+    def __init__(self, kept, *a):
         super().__init__("takeover", *a)
-        self.mode = mode
+        self.kept = kept
 
-    def config(self, port):
-        cfg = self.path("zcrelay.yaml")
+    def config(self, port, name="t", suffix=""):
+        cfg = self.path(f"zcrelay{suffix}.yaml")
         with open(cfg, "w") as f:
             f.write(f"workers: 2\ndrain_timeout: 60s\n"
                     f"takeover_socket: {self.path('takeover.sock')}\n"
                     "metrics:\n  listen: 127.0.0.1:0\n"
-                    f"listeners:\n  - name: t\n    listen: 127.0.0.1:{port}\n"
-                    f"    upstream: 127.0.0.1:{self.echo}\n    mode: {self.mode}\n")
+                    f"listeners:\n  - name: {name}\n    listen: 127.0.0.1:{port}\n"
+                    f"    upstream: 127.0.0.1:{self.echo}\n    mode: splice\n")
         return cfg
+
+    def start(self, port):
+        self.port = port
+        return super().start(port)
+
+    def upgrade(self):
+        if self.kept:
+            self.cfg = self.config(self.port, "t-new", "-new")
+        return super().upgrade()
 
     def old_pid(self):
         return self.procs[0][0].pid
@@ -386,12 +410,10 @@ stream {{
 
 
 def make_way(name, tmp, tag, echo_port):
-    if name == "zcrelay-handover":
-        return Zc("splice", tmp, tag, echo_port)
     if name == "zcrelay-kept":
-        return Zc("copy", tmp, tag, echo_port)
-    if name.startswith("zcrelay-idle"):
-        return Zc("splice", tmp, tag, echo_port)
+        return Zc(True, tmp, tag, echo_port)
+    if name.startswith("zcrelay-"):
+        return Zc(False, tmp, tag, echo_port)
     return {"haproxy-reload": Haproxy, "nginx-usr2": Nginx}[name](tmp, tag, echo_port)
 
 
@@ -507,10 +529,14 @@ def pp_round(name, rnd, tmp, echo_port):
                 way.problems.append(f"old relay {old} exited {rc}")
             if res["took"] is None:
                 way.problems.append("no 'took ... connections ... after READY' line")
+            want = (0, L, 0) if way.kept else (L, 0, 0)
+            if res["handed"] != want:
+                way.problems.append(f"the old relay handed over/kept/failed {res['handed']}, "
+                                    f"not {want}")
         if not echo_once(port):
             way.problems.append("not serving after the upgrade")
         zc_bad = name == "zcrelay-handover" or name == "zcrelay-kept"
-        if way.problems or (zc_bad and (res["ended"] or res["lost"] or res["wrong"])):
+        if way.problems or (zc_bad and (res["ended"] or res["lost"] or res["wrong"] or SHOW_LOGS)):
             bad = [(i, c["end"], c["bad"][:3]) for i, c in enumerate(data["conns"])
                    if c["end"] or c["bad"]][:10]
             log(f"{tag}: ENDED/LOST/WRONG OR PROBLEMS (trigger at {t_trig:.4f}): {bad}\n"
@@ -596,7 +622,8 @@ def check_idle(socks, deadline):
     return ok
 
 
-def scrape_taken(addr):
+def scrape(addr):
+    """The metrics page's body (bytes), or an error string."""
     try:
         with socket.create_connection(addr, timeout=3) as c:
             c.settimeout(3)
@@ -607,11 +634,32 @@ def scrape_taken(addr):
                 if not b:
                     break
                 body += b
+            return body
     except OSError as e:
         return f"scrape failed: {e}"
-    m = re.search(rb'^zcrelay_handover_connections_total\{[^}]*result="taken"[^}]*\}\s+(\S+)',
-                  body, re.M)
-    return float(m.group(1)) if m else "no taken series"
+
+
+def metric(body, name, labels=""):
+    """The sum of the series of `name` whose labels contain `labels`, or an error string."""
+    if isinstance(body, str):
+        return body
+    total, seen = 0.0, False
+    for m in re.finditer(rb"^" + re.escape(name.encode()) + rb"(\{[^}]*\})?\s+(\S+)", body,
+                         re.M):
+        if labels.encode() in (m.group(1) or b""):
+            total += float(m.group(2))
+            seen = True
+    return total if seen else f"no {name}{{{labels}}} series"
+
+
+def wait_pipes_back(addr, deadline):
+    """Waits until the relay holds no pipe (a quiet direction gives its pipe back within a
+    250 ms tick); the pipes in use last seen."""
+    while True:
+        used = metric(scrape(addr), "zcrelay_pipes_in_use")
+        if not isinstance(used, float) or used == 0 or mono() > deadline:
+            return used
+        time.sleep(0.05)
 
 
 def idle_round(n, rnd, tmp, echo, echo_port):
@@ -623,10 +671,24 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         maddr = way.metrics_addr()
         echo_before = count_fds(echo.pid)
         t = mono()
-        socks, failed = open_idle(port, n, t + IDLE_STEP_TIMEOUT)
+        deadline = t + IDLE_STEP_TIMEOUT
+        # In batches, each once the last one's pipes are back: opened all at once, 4,000
+        # connections want 8,000 pipes within one tick, past max_pipes (4,096), and the
+        # directions left without one move to copy for good, which a handover leaves behind.
+        while len(socks) < n and mono() < deadline:
+            more, failed = open_idle(port, min(OPEN_BATCH or n, n - len(socks)), deadline)
+            socks += more
+            if failed:
+                die(f"{tag}: {failed} idle connections failed to open")
+            wait_pipes_back(maddr, min(deadline, mono() + 3))
         res["open_s"] = mono() - t
-        if failed or len(socks) != n:
-            die(f"{tag}: {len(socks)} of {n} idle connections opened ({failed} failed)")
+        if len(socks) != n:
+            die(f"{tag}: {len(socks)} of {n} idle connections opened in "
+                f"{IDLE_STEP_TIMEOUT:.0f} s")
+        before = scrape(maddr)
+        res["fallbacks"] = metric(before, "zcrelay_pipe_fallbacks_total")
+        if res["fallbacks"] != 0:
+            way.problems.append(f"pipe fallbacks to copy before the takeover: {res['fallbacks']}")
         held = count_fds(echo.pid) - echo_before
         if held < n:
             die(f"{tag}: the echo server holds {held} more fds, not {n}")
@@ -654,11 +716,12 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         res["echoed"] = check_idle(socks, mono() + IDLE_STEP_TIMEOUT)
         if res["echoed"] != n:
             way.problems.append(f"{n - res['echoed']} of {n} connections did not echo after")
-        res["taken"] = scrape_taken(maddr)
+        res["taken"] = metric(scrape(maddr), "zcrelay_handover_connections_total",
+                              'result="taken"')
         if res["taken"] != n:
             way.problems.append(f"taken metric {res['taken']}, not {n}")
-        if way.problems:
-            log(f"{tag}: PROBLEMS: {'; '.join(way.problems)}\n" + way.log_text())
+        if way.problems or SHOW_LOGS:
+            log(f"{tag}: PROBLEMS: {'; '.join(way.problems) or 'none'}\n" + way.log_text())
         return res
     finally:
         for s in socks:
@@ -694,10 +757,18 @@ def main():
     idle = {n: [] for n in NS}
     t_run = mono()
     try:
+        # One binary for the whole run, whatever happens to the build meanwhile.
+        binary = os.path.join(tmp, "zcrelay")
+        shutil.copy2(U.RELAY, binary)
+        with open(binary, "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(U.RELAY).st_mtime))
+        U.RELAY = binary
         echo, echo_port = start_echo(rounds * (len(WAYS) * 30 + len(NS) * 40) + 120)
         u = os.uname()
         host = (f"host: {u.sysname} {u.release} {u.version} {u.machine}; nproc {os.cpu_count()}; "
-                f"RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; " + U.host_line()[len("host: "):])
+                f"RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; " + U.host_line()[len("host: "):]
+                + f"; zcrelay binary sha256 {sha[:16]} (built {built})")
         log(f"upstream: bench/echo_server on 127.0.0.1:{echo_port} (pid {echo.pid}); "
             f"temp dir {tmp}")
         for rnd in range(1, rounds + 1):
@@ -719,7 +790,7 @@ def main():
                 r = idle_round(n, rnd, tmp, echo, echo_port)
                 idle[n].append(r)
                 log(f"round {rnd} idle {n:5}: opened in {r['open_s']:.1f} s (echo holds "
-                    f"{r['echo_held']} more fds); ready {r['ready_ms']:.1f} ms after the "
+                    f"{r['echo_held']} more fds; pipe fallbacks {r['fallbacks']}); ready {r['ready_ms']:.1f} ms after the "
                     f"trigger; took sockets in {r['sockets_ms']} ms, {r['conns']} connections in "
                     f"{r['handover_ms']} ms after READY; old gone "
                     f"{fmt(r['old_ms'])} ms after ready; old handed/kept/failed {r['handed']}; echoed after "
@@ -789,8 +860,8 @@ def main():
     print()
     print("| N | connections in, ms after READY (new relay's log) | sockets, ms (log) | trigger "
           "to ready, ms | old relay gone after ready, ms | echo after (of N) | taken metric | "
-          "old: handed/kept/failed |")
-    print("|---|---|---|---|---|---|---|---|")
+          "old: handed/kept/failed | pipe fallbacks before |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in NS:
         rs = idle[n]
         col = lambda k, fmt="{:.1f}": cell([r[k] for r in rs if isinstance(r[k], (int, float))],  # noqa
@@ -799,14 +870,17 @@ def main():
         tk = sorted({str(r["taken"]) for r in rs})
         print(f"| {n} | {col('handover_ms')} | {col('sockets_ms')} | {col('ready_ms')} | "
               f"{col('old_ms')} | {col('echoed', '{:.0f}')} | {', '.join(tk)} | "
-              f"{'; '.join('/'.join(map(str, h)) for h in hk)} |")
+              f"{'; '.join('/'.join(map(str, h)) for h in hk)} | "
+              f"{', '.join(sorted({str(r['fallbacks']) for r in rs}))} |")
     print()
+    batch = (f"in batches of {OPEN_BATCH}, each once the relay's pipes were back"
+             if OPEN_BATCH else "all at once (ZCRELAY_HANDOVER_BATCH=0)")
     print(f"Median (min–max) over {rounds} rounds. N stops at 4,000: with RLIMIT_NOFILE "
           f"{nofile[0]} (this machine's cap, which cannot be raised) a relay with 2 workers "
           "holds at most ~9,900 connections and takes at most ~4,900 over in one handover; "
           "10,000 and 100,000 need a higher RLIMIT_NOFILE than this machine allows. Connections "
-          "opened from one Python process (non-blocking, selectors; connect, 1 byte echoed, "
-          "idle); the echo server was checked to hold N more fds; after the takeover each "
+          f"opened from one Python process ({batch}; non-blocking, selectors; connect, 1 byte "
+          "echoed, idle); the echo server was checked to hold N more fds; after the takeover each "
           "connection echoed 1 more byte (bounded 30 s) and "
           "`zcrelay_handover_connections_total{result=\"taken\"}` was read from the same "
           "metrics address.")

@@ -87,7 +87,10 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
         case Op::Recv:
         case Op::Send:
         case Op::Barrier:
-            if (c.state == ConnState::Relaying) {
+            if (c.state == ConnState::Relaying ||
+                (c.state == ConnState::HandingOver && c.dir[ud.dir].path() == DataPath::Copy)) {
+                // Handing over, a copy direction still sends what it holds (PumpPort::handing);
+                // a splice direction's polls just end.
                 onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags, ud.aux);
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
@@ -367,7 +370,8 @@ PumpPort Connections::port(Conn& c, uint32_t slot, int d) {
                     lstats(c),
                     c.ending,
                     c.ending ? &c.dir[d].end_left : nullptr,
-                    listenerConfig(c).send_zerocopy};
+                    listenerConfig(c).send_zerocopy,
+                    c.state == ConnState::HandingOver};
 }
 
 void Connections::onPumpCompletion(Conn& c, uint32_t slot, int d, Op op, int res, uint32_t flags,
@@ -389,7 +393,7 @@ void Connections::apply(Conn& c, uint32_t slot, int d, Step step) {
         starved_.push_back(UserData{Op::Recv, static_cast<uint8_t>(d), slot, c.generation}.pack());
     switch (step.kind) {
         case Step::Wait:
-            if (promote) promoteToSockmap(c, slot);
+            if (promote && c.state == ConnState::Relaying) promoteToSockmap(c, slot);
             return;
         case Step::Finished:
             finishDirection(c, slot, d);

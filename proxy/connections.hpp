@@ -129,8 +129,15 @@ class Connections final : public Acceptor::Host {
     void countClose(Conn& c, uint32_t slot, CloseReason reason);
     void logConnection(Conn& c, uint32_t slot, CloseReason reason);
     void freeConn(Conn& c, uint32_t slot);
-    // Whether c can cross now (handOver): relaying, every direction on splice, not ending.
+    // Whether c can cross (handOver): relaying, every direction on splice or copy, not ending.
     bool handable(const Conn& c) const;
+    // A connection that was HandingOver relays on here: its send failed, or a copy direction
+    // could not pass on what it held in time. Its pumps arm their waits again.
+    void resumeHere(Conn& c, uint32_t slot);
+    // Relaying c's pumps arm their waits afresh: after resumeHere, or adopted.
+    void rearm(Conn& c, uint32_t slot);
+    // The same past the handover's deadline: it stays, counted kept.
+    void keepHere(Conn& c, uint32_t slot);
     // c (HandingOver) has nothing in flight: its sockets and pipes go to the next relay, and it
     // closes here as handed_over; if the send fails it relays on here.
     void sendHandOver(Conn& c, uint32_t slot);
@@ -165,6 +172,9 @@ class Connections final : public Acceptor::Host {
     std::shared_ptr<handover::Outbound> outbound_;
     uint32_t handing_ = 0;
     bool walking_ = false;
+    // A copy direction sends what it holds before it crosses; one whose peer does not take it
+    // by then stays here (the tick checks).
+    int64_t handing_deadline_ms_ = 0;
     uint32_t handed_counts_[3] = {0, 0, 0};  // handed over, kept, failed: for the log line
 };
 

@@ -16,6 +16,9 @@ namespace {
 
 using handover::Outcome;
 
+// How long a copy direction has to pass on what it holds before it crosses.
+constexpr int64_t kHandingMs = 1000;
+
 template <typename List, typename Name>
 int32_t indexOf(const List& list, Name name) {
     for (size_t i = 0; i < list.size(); ++i)
@@ -30,13 +33,15 @@ int32_t indexOf(const List& list, Name name) {
 bool Connections::handable(const Conn& c) const {
     if (c.state != ConnState::Relaying || c.ending || c.paths.any()) return false;
     if (c.backend < 0 || c.cluster == Conn::kNoCluster) return false;
-    return std::all_of(c.dir.begin(), c.dir.end(),
-                       [](const Direction& d) { return d.path() == DataPath::Splice; });
+    return std::all_of(c.dir.begin(), c.dir.end(), [](const Direction& d) {
+        return d.path() == DataPath::Splice || d.path() == DataPath::Copy;
+    });
 }
 
 void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
     outbound_ = std::move(out);
     walking_ = true;
+    handing_deadline_ms_ = now_ms_ + kHandingMs;
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {
         Conn& c = conn(slot);
         if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
@@ -52,9 +57,20 @@ void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
             sendHandOver(c, slot);
             continue;
         }
-        // Its polls (a splice direction arms nothing else) end -ECANCELED, or with the
-        // readiness they saw first, unheeded: the bytes stay in the socket for the next relay.
-        for (int fd : c.fd) ring_.cancel(fd);
+        // What waits to read (and the watches) is cancelled, by its user_data: a splice
+        // direction's polls end -ECANCELED, or with the readiness they saw first, unheeded,
+        // the bytes staying in the socket for the next relay. A copy direction's recv ends
+        // too, or brings bytes it then sends on: its sends go on until it holds nothing
+        // (PumpPort::handing).
+        for (uint8_t d = 0; d < 2; ++d) {
+            const bool copy = c.dir[d].path() == DataPath::Copy;
+            for (Op op : {copy ? Op::Recv : Op::PollIn, Op::Watch, Op::PollOut}) {
+                if (copy && op == Op::PollOut) continue;  // a send waiting for room goes on
+                io_uring_sqe* sqe = ring_.sqe();
+                io_uring_prep_cancel64(sqe, UserData{op, d, slot, c.generation}.pack(), 0);
+                io_uring_sqe_set_data64(sqe, UserData{}.pack());
+            }
+        }
     }
     walking_ = false;
     if (handing_ == 0) handedOne();
@@ -78,18 +94,32 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
     size_t n = 0;
     fds[n++] = c.fd[0];
     fds[n++] = c.fd[1];
+    bool whole = true;
     for (int d = 0; d < 2; ++d) {
         h.bytes[d] = c.bytes[d];
-        const SplicePump& pump = std::get<SplicePump>(c.dir[d].pump);
-        h.dir[d] = pump.handed();
-        h.dir[d].finished = c.dir[d].finished;
-        if (h.dir[d].in_pipe > 0) {
-            fds[n++] = pump.pipe().read_fd;
-            fds[n++] = pump.pipe().write_fd;
+        if (const auto* copy = std::get_if<CopyPump>(&c.dir[d].pump)) {
+            whole = whole && copy->empty();
+            h.dir[d] = copy->handed();
+            h.dir[d].copy = true;
+        } else {
+            const SplicePump& pump = std::get<SplicePump>(c.dir[d].pump);
+            h.dir[d] = pump.handed();
+            if (h.dir[d].in_pipe > 0) {
+                fds[n++] = pump.pipe().read_fd;
+                fds[n++] = pump.pipe().write_fd;
+            }
         }
+        h.dir[d].finished = c.dir[d].finished;
     }
     --handing_;
-    if (auto sent = outbound_->send(h, {fds, n}); sent) {
+    if (!whole) {
+        // Nothing in flight, yet bytes held: never so (a send is armed while any are).
+        LOG_ERROR(
+            "handover: slot %u holds copy bytes with nothing in flight: bookkeeping bug; "
+            "it stays",
+            slot);
+        keepHere(c, slot);
+    } else if (auto sent = outbound_->send(h, {fds, n}); sent) {
         // The next relay has its own fds of the sockets and pipes now: closing ours sends no
         // FIN, and the pipe's bytes stay in it (abort() discards our ends).
         process_.handovers[idx(Outcome::HandedOver)].fetch_add(1);
@@ -100,13 +130,32 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
             LOG_WARN("handover: %s; this worker's connections not sent yet stay here",
                      sent.error().c_str());
         process_.handovers[idx(Outcome::Failed)].fetch_add(1);
-        enter(c, ConnState::Relaying);
-        for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
-            if (c.dir[d].finished) continue;
-            PumpPort p = port(c, slot, d);
-            apply(c, slot, d, std::get<SplicePump>(c.dir[d].pump).restart(p, pumps_));
-        }
+        resumeHere(c, slot);
     }
+    if (handing_ == 0 && !walking_) handedOne();
+}
+
+void Connections::resumeHere(Conn& c, uint32_t slot) {
+    enter(c, ConnState::Relaying);
+    rearm(c, slot);
+}
+
+void Connections::rearm(Conn& c, uint32_t slot) {
+    for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
+        if (c.dir[d].finished) continue;
+        PumpPort p = port(c, slot, d);
+        if (auto* copy = std::get_if<CopyPump>(&c.dir[d].pump))
+            apply(c, slot, d, copy->start(p, pumps_));
+        else
+            apply(c, slot, d, std::get<SplicePump>(c.dir[d].pump).restart(p, pumps_));
+    }
+}
+
+void Connections::keepHere(Conn& c, uint32_t slot) {
+    if (c.state == ConnState::HandingOver) --handing_;
+    process_.handovers[idx(Outcome::Kept)].fetch_add(1);
+    ++handed_counts_[1];
+    resumeHere(c, slot);
     if (handing_ == 0 && !walking_) handedOne();
 }
 
@@ -174,19 +223,22 @@ void Connections::adopt(handover::HandedConn& h) {
     loops_.remember(process_.loops, slot, c.fd[1], clusterOf(c), c.backend);
     for (int d = 0; d < 2; ++d) {
         c.bytes[d] = h.bytes[d];
-        Pipe pipe;
-        if (h.dir[d].in_pipe > 0)
-            pipe = pumps_.pipes.adopt(std::move(h.pipe_read[d]), std::move(h.pipe_write[d]));
-        c.dir[d].pump.emplace<SplicePump>(SplicePump::adopted(h.dir[d], pipe));
+        if (h.dir[d].copy) {
+            // It held no bytes when it crossed: a fresh copy direction, its watch's FIN kept.
+            SourceWatch watch;
+            watch.hup = h.dir[d].hup;
+            c.dir[d].pump.emplace<CopyPump>(watch);
+        } else {
+            Pipe pipe;
+            if (h.dir[d].in_pipe > 0)
+                pipe = pumps_.pipes.adopt(std::move(h.pipe_read[d]), std::move(h.pipe_write[d]));
+            c.dir[d].pump.emplace<SplicePump>(SplicePump::adopted(h.dir[d], pipe));
+        }
         c.dir[d].finished = h.dir[d].finished;
     }
     if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.add();
     process_.handovers[idx(Outcome::Taken)].fetch_add(1);
-    for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
-        if (c.dir[d].finished) continue;
-        PumpPort p = port(c, slot, d);
-        apply(c, slot, d, std::get<SplicePump>(c.dir[d].pump).restart(p, pumps_));
-    }
+    rearm(c, slot);
 }
 
 }  // namespace zcrelay

@@ -32,6 +32,11 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
             routeChosen(c, slot, hello_reader_.onTimeout(c, listenerOf(c)));
             continue;
         }
+        if (c.state == ConnState::HandingOver) {
+            // A copy direction whose peer did not take what it holds in time: it stays.
+            if (now_ms_ >= handing_deadline_ms_) keepHere(c, slot);
+            continue;
+        }
         if (c.state != ConnState::Relaying) continue;
         // Bytes the kernel moved without a pump reading them: what it counted is activity too.
         for (int d = 0; d < 2; ++d) {

@@ -51,6 +51,7 @@ takeover::Message toMessage(const HandedConn& h) {
         if (dir.eof) m.set(dirKey("eof", d), "1");
         if (dir.hup) m.set(dirKey("hup", d), "1");
         if (dir.in_pipe > 0) m.set(dirKey("pipe", d), number(dir.in_pipe));
+        if (dir.copy) m.set(dirKey("copy", d), "1");
     }
     return m;
 }
@@ -92,11 +93,13 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
         dir.finished = m.get(dirKey("fin", d)) == "1";
         dir.eof = m.get(dirKey("eof", d)) == "1";
         dir.hup = m.get(dirKey("hup", d)) == "1";
+        dir.copy = m.get(dirKey("copy", d)) == "1";
         uint64_t in_pipe = 0;
         if (!m.get(dirKey("pipe", d)).empty() &&
             !readNumber(m, dirKey("pipe", d).c_str(), in_pipe, UINT32_MAX))
             return bad("a bad pipe" + std::to_string(d));
         dir.in_pipe = static_cast<uint32_t>(in_pipe);
+        if (dir.copy && dir.in_pipe > 0) return bad("a copy direction with a pipe");
         if (dir.in_pipe > 0) fds_wanted += 2;
     }
     if (m.fds.size() != fds_wanted)

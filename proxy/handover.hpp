@@ -22,7 +22,8 @@
 //     has), or past the room the new relay has for fds (READY's room).
 //
 //   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US quiet=MS
-//        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N] ... d1
+//        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N]
+//        [copy0=1] ... the same for direction 1
 //   + fds: the client's socket, the upstream socket, then the read and write ends of each
 //     direction's pipe that holds bytes (pipeD=N > 0), direction 0 first.
 #include <atomic>
@@ -46,6 +47,7 @@ struct HandedDirection {
     bool eof = false;       // src's end was read; the bytes before it may still be in the pipe
     bool hup = false;       // a watch saw src's FIN, not read yet
     uint32_t in_pipe = 0;   // bytes in the pipe, which crosses with them
+    bool copy = false;      // on the copy path (it held no bytes when it crossed)
 };
 
 struct HandedConn {

@@ -44,7 +44,7 @@ void prepCopySend(io_uring_sqe* sqe, int dst, BufRing& bufs, const CopyChunk& ch
 CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv, RecvWait wait) {
     // Not while waiting for POLLOUT on dst after a send found no room (prepCopySend).
     bool arm_send = !send_armed_ && !poll_out_ && !queue_.empty();
-    bool arm_recv = !recv_armed_ && !eof_ && !queue_.full() && may_recv;
+    bool arm_recv = !recv_armed_ && !eof_ && !queue_.full() && may_recv && !p.handing;
     if (eof_ && queue_.empty() && !send_armed_ && !done_) {
         done_ = true;
         return Flow::Drained;
@@ -74,7 +74,7 @@ CopyPump::Flow CopyPump::advance(const PumpPort& p, PumpEnv& env, bool may_recv,
         prepCopyRecv(p.sqe(Op::Recv), p.src, env.bufs, wait, src_emptied_);
         recv_armed_ = true;
     }
-    if (queue_.full() && !recv_armed_) watch_.arm(p, eof_);
+    if (queue_.full() && !recv_armed_ && !p.handing) watch_.arm(p, eof_);
     return Flow::Moving;
 }
 
@@ -166,6 +166,12 @@ Step CopyPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uin
     if (op == Op::Send && notified(env, res, flags, aux)) return out;
     switch (op) {
         case Op::Recv: {
+            if (res == -ECANCELED) {
+                // A handover cancelled it (the only cancel a relaying direction sees): it reads
+                // no more, and sends what it holds.
+                recv_armed_ = false;
+                break;
+            }
             int error = 0;
             Got got = onRecv(
                 p, env, res, flags, [](char*, uint32_t len) { return len; }, error);

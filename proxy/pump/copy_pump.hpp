@@ -42,6 +42,7 @@
 #include <array>
 #include <cstdint>
 
+#include "handover.hpp"
 #include "pump/pump.hpp"
 #include "uring/buf_ring.hpp"
 
@@ -182,6 +183,12 @@ class CopyPump {
 
     SourceWatch& watch() { return watch_; }
     bool eof() const { return eof_; }
+    // Handover (handover.hpp): nothing held, nothing armed, no buffer lent to a zero-copy send:
+    // the direction is all in the kernel, and crosses as its flags.
+    bool empty() const {
+        return queue_.empty() && !recv_armed_ && !send_armed_ && !poll_out_ && lent_ == 0;
+    }
+    handover::HandedDirection handed() const { return {done_, eof_, watch_.hup, 0}; }
 
   private:
     Step settle(const PumpPort& p, Flow flow);

@@ -96,6 +96,9 @@ struct PumpPort {
     // send_zerocopy: the listener lets large copy sends lend their buffer to the kernel
     // (copy_pump.hpp).
     bool zerocopy = false;
+    // Handing over to the next relay (handover.hpp): the direction sends what it holds and
+    // reads nothing more, and arms no watch, so that nothing of it is left in flight.
+    bool handing = false;
 
     // `aux` goes into the SQE's user_data beside the op (uring/user_data.hpp).
     io_uring_sqe* sqe(Op op, uint8_t aux = 0) const {
