@@ -39,9 +39,12 @@ constexpr uint64_t kSeedBulk = 0xB01C;
 constexpr uint64_t kSeedHalf = 0x4A1F;
 constexpr uint64_t kHalfPiece = 16 * 1024;
 constexpr int kHalfPieces = 150;  // 2.4 MiB over ~1.5 s: it spans the upgrade
+constexpr uint64_t kSeedSource = 0x5005;
+constexpr uint64_t kSourceBytes = 32u << 20;  // far more than the sockets and the relay hold
 
 // The upstream, by the first byte a client sends:
 //   'E' echo: everything after it comes back, and its FIN;
+//   'S' source: sends kSourceBytes of payload kSeedSource at once, and its FIN;
 //   'H' half-close: reads until the client's FIN, then sends kHalfPieces pieces of payload
 //       kSeedHalf, 10 ms apart, and its own FIN.
 ConnScript dispatchScript() {
@@ -50,6 +53,11 @@ ConnScript dispatchScript() {
         IoResult first = readExactly(fd.get(), &kind, 1, kIo);
         if (!first.ok()) return;
         if (kind == 'E') return echoScript()(fd, rec, stop, up);
+        if (kind == 'S') {
+            rec.write_end = sendPayload(fd.get(), kSeedSource, kSourceBytes, kIo, &stop);
+            ::shutdown(fd.get(), SHUT_WR);
+            return;
+        }
         std::string ignored;
         rec.read_end = readUntilEof(fd.get(), ignored, kIo);
         for (int i = 0; i < kHalfPieces && !stop; ++i) {
@@ -477,6 +485,41 @@ TEST_P(HandoverKept, TheOldRelayFinishesWhatCannotCross) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, HandoverKept, ::testing::Values("sockmap"),
                          [](const auto& info) { return info.param; });
+
+// A copy direction whose client does not read: what the relay holds for it cannot be sent, so
+// it cannot cross. Past the handover's second it relays on in the old relay (counted kept),
+// and once the client reads, every byte arrives.
+TEST_F(HandoverTest, ACopyDirectionThatCannotSendWhatItHoldsStaysWhole) {
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "copy", socket_)));
+    Connected c = connectTo(old.host(), old.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    ASSERT_TRUE(writeAll(c.fd.get(), "S", 1, kIo).ok());
+    // The relay's buffers and both sockets' full: the upstream is blocked in its send.
+    ASSERT_TRUE(waitUntil(
+        [&] {
+            auto v = old.metric(metricName(Metric::CopyBuffersBusy));
+            return v && *v >= 1;
+        },
+        kIo));
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 0.0);
+    EXPECT_TRUE(old.running());
+    ReceiveCheck got = receivePayloadUntilEof(c.fd.get(), kSeedSource, kIo);
+    EXPECT_EQ(got.io.status, IoStatus::Eof) << got.describe();
+    EXPECT_EQ(got.bytes, kSourceBytes);
+    EXPECT_EQ(got.first_mismatch, -1) << got.describe();
+    c.fd.reset();
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    EXPECT_NE(old.stderrText().find("0 connections handed over, 1 kept"), std::string::npos)
+        << old.stderrText();
+    next.terminate();
+}
 
 TEST_F(HandoverTest, AConnectionMidProxyHeaderStaysAndIsServedWhole) {
     RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
