@@ -43,22 +43,8 @@ TEST_F(AutoModeClientsTest, Iperf3BothWaysStaysInTheKernel) {
     auto iperf3 = findExecutable("iperf3");
     ASSERT_TRUE(iperf3) << "iperf3 is not installed (deploy/install-deps.sh installs it)";
     ChildProcess server;
-    const std::string err_path = dir_.file("iperf3-server.err");
-    uint16_t server_port = 0;
-    ASSERT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
-        ChildProcess::Options o;
-        o.argv = {*iperf3, "-s", "-B", "127.0.0.1", "-p", std::to_string(port)};
-        o.stdout_path = dir_.file("iperf3-server.out");
-        o.stderr_path = err_path;
-        if (!server.spawn(o, why)) return PortLaunch::Failed;
-        if (waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000})) {
-            server_port = port;
-            return PortLaunch::Up;
-        }
-        why = "iperf3 -s never listened: " + readFileText(err_path);
-        server.killAndWait();
-        return PortLaunch::Retry;
-    }));
+    const uint16_t server_port = startIperf3Server(server, dir_);
+    ASSERT_NE(server_port, 0);
     ASSERT_NO_FATAL_FAILURE(startRelay(server_port));
     for (bool reverse : {false, true}) {
         SCOPED_TRACE(reverse ? "download (-R)" : "upload");
@@ -78,7 +64,7 @@ TEST_F(AutoModeClientsTest, Iperf3BothWaysStaysInTheKernel) {
         EXPECT_TRUE(mostlyInTheKernel(run, 100.0 * kMiB)) << client.out.substr(0, 2000);
     }
     server.sendSignal(SIGTERM);
-    EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(err_path);
+    EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(dir_.file("iperf3-server.err"));
 }
 
 // curl fetching 256 MiB from nginx through the relay (HTTP/1.1, one connection).

@@ -124,11 +124,7 @@ class PingPong {
             ++replies_;
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
-        ::shutdown(c.fd.get(), SHUT_WR);
-        std::string rest;
-        IoResult end = readUntilEof(c.fd.get(), rest, kIo);
-        if (end.status != IoStatus::Eof || !rest.empty())
-            error_ = "end: " + end.describe() + ", " + std::to_string(rest.size()) + " bytes more";
+        error_ = endStream(c.fd.get(), kIo);
     }
 
     std::atomic<bool> stop_{false};
@@ -202,6 +198,20 @@ std::string exchangeThrough(RelayProcess& relay) {
     IoResult r = w.ok() ? readExactly(c.fd.get(), back, 5, kIo) : w;
     if (!r.ok()) return r.describe();
     return std::string(back, 5) == "hello" ? "" : "the echo differs";
+}
+
+// `n` connections through `relay` to the echo, left idle; fewer if one failed (recorded).
+std::vector<Fd> idleEchoes(RelayProcess& relay, int n) {
+    std::vector<Fd> idle;
+    for (int i = 0; i < n; ++i) {
+        Connected c = connectTo(relay.host(), relay.port());
+        if (!c.fd || !writeAll(c.fd.get(), "E", 1, kIo).ok()) {
+            ADD_FAILURE() << "idle " << i << ": " << c.error;
+            break;
+        }
+        idle.push_back(std::move(c.fd));
+    }
+    return idle;
 }
 
 class HandoverTest : public ::testing::Test {
@@ -289,13 +299,8 @@ TEST_F(HandoverTest, IdleConnectionsCrossEachStillWorksAndIsCountedOnce) {
     const int kIdle = kSanitized ? 200 : 1000;
     RelayProcess old;
     ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
-    std::vector<Fd> idle;
-    for (int i = 0; i < kIdle; ++i) {
-        Connected c = connectTo(old.host(), old.port());
-        ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
-        ASSERT_TRUE(writeAll(c.fd.get(), "E", 1, kIo).ok());
-        idle.push_back(std::move(c.fd));
-    }
+    std::vector<Fd> idle = idleEchoes(old, kIdle);
+    ASSERT_EQ(idle.size(), static_cast<size_t>(kIdle));
     ASSERT_TRUE(up_.waitForAccepted(static_cast<size_t>(kIdle), kIo));
     ASSERT_TRUE(old.waitForMetric(kActive, metric::listener(), static_cast<double>(kIdle)));
 
@@ -326,13 +331,8 @@ TEST_F(HandoverTest, TheOldRelayKilledMidwayLeavesEveryConnectionWorkingOrClosed
     const int kIdle = kSanitized ? 300 : 2000;
     RelayProcess old;
     ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
-    std::vector<Fd> idle;
-    for (int i = 0; i < kIdle; ++i) {
-        Connected c = connectTo(old.host(), old.port());
-        ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
-        ASSERT_TRUE(writeAll(c.fd.get(), "E", 1, kIo).ok());
-        idle.push_back(std::move(c.fd));
-    }
+    std::vector<Fd> idle = idleEchoes(old, kIdle);
+    ASSERT_EQ(idle.size(), static_cast<size_t>(kIdle));
     ASSERT_TRUE(up_.waitForAccepted(static_cast<size_t>(kIdle), kIo));
     // The kill lands when the first worker said it is done handing over, while the other may
     // still be sending; it may also land later: the case holds either way.
@@ -412,22 +412,8 @@ TEST_F(HandoverTest, AnIperf3StreamKeepsGoingAcrossTheUpgrade) {
     auto iperf3 = findExecutable("iperf3");
     ASSERT_TRUE(iperf3) << "iperf3 is not installed (deploy/install-deps.sh installs it)";
     ChildProcess server;
-    const std::string err_path = scratch_.file("iperf3-server.err");
-    uint16_t server_port = 0;
-    ASSERT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
-        ChildProcess::Options o;
-        o.argv = {*iperf3, "-s", "-B", "127.0.0.1", "-p", std::to_string(port)};
-        o.stdout_path = scratch_.file("iperf3-server.out");
-        o.stderr_path = err_path;
-        if (!server.spawn(o, why)) return PortLaunch::Failed;
-        if (waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000})) {
-            server_port = port;
-            return PortLaunch::Up;
-        }
-        why = "iperf3 -s never listened: " + readFileText(err_path);
-        server.killAndWait();
-        return PortLaunch::Retry;
-    }));
+    const uint16_t server_port = startIperf3Server(server, scratch_);
+    ASSERT_NE(server_port, 0);
     RelayProcess old;
     ASSERT_TRUE(
         old.start(handoverConfig(loopbackHostPort(AF_INET, server_port), "splice", socket_)));
@@ -446,7 +432,7 @@ TEST_F(HandoverTest, AnIperf3StreamKeepsGoingAcrossTheUpgrade) {
     EXPECT_NE(client.out.find("\"sum_received\""), std::string::npos) << client.out.substr(0, 2000);
     EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 2.0) << next.stderrText();
     server.sendSignal(SIGTERM);
-    EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(err_path);
+    EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(scratch_.file("iperf3-server.err"));
 }
 
 // ---------------------------------------------------------------------------------------------

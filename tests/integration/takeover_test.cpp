@@ -138,11 +138,7 @@ class PacedStream {
             ++done_;
             std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
-        ::shutdown(c.fd.get(), SHUT_WR);
-        std::string rest;
-        IoResult end = readUntilEof(c.fd.get(), rest, kIo);
-        if (end.status != IoStatus::Eof || !rest.empty())
-            error_ = "end: " + end.describe() + ", " + std::to_string(rest.size()) + " bytes more";
+        error_ = endStream(c.fd.get(), kIo);
     }
 
     std::atomic<bool> stop_{false};

@@ -13,6 +13,7 @@
 
 #include "clock.hpp"
 #include "support/loopback.hpp"
+#include "support/seqpacket_pair.hpp"
 #include "takeover_wire.hpp"
 
 namespace zcrelay {
@@ -22,12 +23,11 @@ using namespace std::chrono_literals;
 
 // `fds` sent over a fresh SOCK_SEQPACKET pair and received: the receiver's fds.
 std::vector<UniqueFd> passed(std::initializer_list<int> fds) {
-    int pair[2];
-    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair), 0);
-    UniqueFd a(pair[0]), b(pair[1]);
+    test::SeqpacketPair pair;
     const std::vector<int> list(fds);
-    EXPECT_TRUE(takeover::send(a.get(), takeover::Message("CONN"), monotonicMs() + 2000, list));
-    auto m = takeover::receive(b.get(), monotonicMs() + 2000);
+    EXPECT_TRUE(
+        takeover::send(pair.a.get(), takeover::Message("CONN"), monotonicMs() + 2000, list));
+    auto m = takeover::receive(pair.b.get(), monotonicMs() + 2000);
     EXPECT_TRUE(m) << m.error();
     return m ? std::move(m->fds) : std::vector<UniqueFd>{};
 }

@@ -346,6 +346,14 @@ IoResult readUntilEof(int fd, std::string& out, Millis timeout, size_t limit, Ca
         timeout, cancel);
 }
 
+std::string endStream(int fd, Millis timeout) {
+    ::shutdown(fd, SHUT_WR);
+    std::string rest;
+    IoResult end = readUntilEof(fd, rest, timeout);
+    if (end.status == IoStatus::Eof && rest.empty()) return "";
+    return "end: " + end.describe() + ", " + std::to_string(rest.size()) + " bytes more";
+}
+
 std::string echoExchange(const std::string& host, uint16_t port, Millis connect_timeout,
                          Millis io_timeout) {
     Connected c = connectTo(host, port, connect_timeout);

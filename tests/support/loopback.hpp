@@ -125,6 +125,10 @@ struct IoResult {
 // An optional flag that makes a blocked helper return IoStatus::Cancelled within ~100 ms.
 using CancelFlag = const std::atomic<bool>*;
 
+// A client's end of a stream: its FIN sent (shutdown SHUT_WR), then nothing more may come but
+// the peer's FIN. "" or what came instead.
+std::string endStream(int fd, Millis timeout = kDefaultIoTimeout);
+
 IoResult writeAll(int fd, const void* data, size_t len, Millis timeout = kDefaultIoTimeout,
                   CancelFlag cancel = nullptr);
 // One read of up to `cap` bytes: Ok with bytes > 0, or Eof / Reset / Timeout / ...

@@ -993,4 +993,29 @@ std::string RelayProcess::diagnostics() const {
     return os.str();
 }
 
+uint16_t startIperf3Server(ChildProcess& server, const TempDir& dir) {
+    auto iperf3 = findExecutable("iperf3");
+    if (!iperf3) {
+        ADD_FAILURE() << "iperf3 is not installed (deploy/install-deps.sh installs it)";
+        return 0;
+    }
+    const std::string err_path = dir.file("iperf3-server.err");
+    uint16_t server_port = 0;
+    EXPECT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
+        ChildProcess::Options o;
+        o.argv = {*iperf3, "-s", "-B", "127.0.0.1", "-p", std::to_string(port)};
+        o.stdout_path = dir.file("iperf3-server.out");
+        o.stderr_path = err_path;
+        if (!server.spawn(o, why)) return PortLaunch::Failed;
+        if (waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000})) {
+            server_port = port;
+            return PortLaunch::Up;
+        }
+        why = "iperf3 -s never listened: " + readFileText(err_path);
+        server.killAndWait();
+        return PortLaunch::Retry;
+    }));
+    return server_port;
+}
+
 }  // namespace zcrelay::test

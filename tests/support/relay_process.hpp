@@ -143,6 +143,10 @@ enum class PortLaunch {
     int family, const std::function<PortLaunch(uint16_t port, std::string& why)>& launch,
     int attempts = 3);
 
+// `iperf3 -s` on a free loopback port (IPv4) as `server`, its output in `dir`: the port, or 0
+// with the failure recorded.
+uint16_t startIperf3Server(ChildProcess& server, const TempDir& dir);
+
 // Adds `iptables -I INPUT -p tcp -i lo --dport PORT --tcp-flags SYN,ACK,FIN,RST SYN -j DROP` and
 // always deletes it again (at destruction; a failed delete is a test failure). Loopback only, one
 // port: a connect to PORT then hangs in SYN_SENT, retransmitting, until the rule goes.

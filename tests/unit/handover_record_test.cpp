@@ -9,19 +9,12 @@
 
 #include "clock.hpp"
 #include "handover.hpp"
+#include "support/seqpacket_pair.hpp"
 
 namespace zcrelay::handover {
 namespace {
 
-struct Pair {
-    UniqueFd a, b;
-    Pair() {
-        int fds[2];
-        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
-        a.reset(fds[0]);
-        b.reset(fds[1]);
-    }
-};
+using Pair = test::SeqpacketPair;
 
 HandedConn sample() {
     HandedConn h;

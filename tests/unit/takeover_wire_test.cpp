@@ -9,19 +9,12 @@
 #include <unistd.h>
 
 #include "clock.hpp"
+#include "support/seqpacket_pair.hpp"
 
 namespace zcrelay::takeover {
 namespace {
 
-struct Pair {
-    UniqueFd a, b;
-    Pair() {
-        int fds[2];
-        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds), 0);
-        a.reset(fds[0]);
-        b.reset(fds[1]);
-    }
-};
+using Pair = test::SeqpacketPair;
 
 int64_t soon() { return monotonicMs() + 2000; }
 
