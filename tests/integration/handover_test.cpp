@@ -507,6 +507,39 @@ TEST_F(HandoverTest, ACopyDirectionThatCannotSendWhatItHoldsStaysWhole) {
     next.terminate();
 }
 
+// A connection whose connect to the backend is still in flight (its SYN dropped) stays with
+// the old relay, which completes it once the SYN goes through, and relays it whole.
+TEST_F(HandoverTest, AConnectionMidConnectStaysAndIsServedWhole) {
+    auto iptables = findExecutable("iptables");
+    ASSERT_TRUE(iptables) << "iptables is not installed (deploy/install-deps.sh installs it)";
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    Connected c;
+    {
+        SynDropRule rule(*iptables, up_.port());
+        ASSERT_TRUE(rule.added()) << rule.error();
+        c = connectTo(old.host(), old.port());
+        ASSERT_TRUE(c.fd) << c.error;
+        ASSERT_TRUE(writeAll(c.fd.get(), "Ehello", 6, kIo).ok());
+        ASSERT_TRUE(
+            old.waitForMetric(metricName(Metric::ConnectionsActive), metric::listener(), 1.0));
+        RelayProcess next;
+        ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+        EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 0.0);
+        EXPECT_TRUE(old.running());
+        EXPECT_EQ(up_.accepted(), 0u) << "the SYN went through before the upgrade";
+        next.terminate();
+    }  // the rule goes: the next SYN retransmission connects
+    char back[5] = {};
+    IoResult r = readExactly(c.fd.get(), back, 5, kIo);
+    EXPECT_TRUE(r.ok()) << r.describe();
+    EXPECT_EQ(std::string(back, 5), "hello");
+    EXPECT_EQ(endStream(c.fd.get(), kIo), "");
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+}
+
 TEST_F(HandoverTest, AConnectionMidProxyHeaderStaysAndIsServedWhole) {
     RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
     config.listeners[0].extra_yaml = "    accept_proxy: true\n";
