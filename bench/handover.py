@@ -6,9 +6,10 @@ N idle connections over.
 Usage: bench/handover.py [ROUNDS (3)]   (ZCRELAY_BUILD picks the build dir)
 
 The zcrelay binary is copied at the start and that copy runs throughout (its sha256 is on the
-host line), so a rebuild during the run does not mix binaries. Needs bench/echo_server in the build (the upstream, without --close-after), haproxy and nginx
-with its stream module, as bench/upgrade.py does; its helpers (processes, the log taps, ports,
-the peers' ways) are imported from there.
+host line), so a rebuild during the run does not mix binaries. Needs bench/echo_server in the
+build (the upstream, without --close-after), haproxy and nginx with its stream module, as
+bench/upgrade.py does; its helpers (processes, the log taps, ports, the peers' ways) are
+imported from there.
 
 Part 1, long-lived connections across an upgrade. L = 50 connections to the relay, each a
 ping-pong stream from one selector loop in a client process: a 64-byte message carrying the
@@ -41,17 +42,23 @@ the rounds.
 
 Part 2, the time to hand N idle connections over (zcrelay-handover only), N in 1000, 2000, 4000:
 N connections opened from this process (non-blocking, selectors): connect, 1 byte 'x' echoed,
-then idle; the echo server's open fds are checked to hold them. Then the takeover; from the new
+then idle; the echo server's open fds are checked to hold them. They are opened 500 at a time,
+each batch once the relay's pipes are back (zcrelay_pipes_in_use 0): opened at once, 4,000
+connections want 8,000 pipes within one tick, past max_pipes (4,096), and a direction that finds
+none moves to copy for good (zcrelay_pipe_fallbacks_total, checked to be 0 before the takeover).
+ZCRELAY_HANDOVER_BATCH=0 opens them all at once anyway. Then the takeover; from the new
 relay's log line "... and N connections in X ms after READY", the handover time; the old relay's
 exit after the new one's ready line; every connection checked to echo 1 byte afterwards; and
 zcrelay_handover_connections_total{result="taken"} read from the metrics address (handed over
-too) checked to equal N. 4,000 is the most one takeover can carry with RLIMIT_NOFILE 20,000
+too) checked to equal N; the new relay's zcrelay_pipe_fallbacks_total is reported (an adopted
+direction takes a pipe at once). 4,000 is the most one takeover can carry with RLIMIT_NOFILE 20,000
 (this machine's cap); 10,000 and 100,000 need a higher limit.
 
 stdout: the host line, the command and Markdown tables; stderr: one line per round (and the
-relays' logs where something went wrong). Loopback only, every wait bounded, only processes it
-started (or that those reported: the peers' new masters and workers) are stopped, by pid; it
-becomes a child subreaper so nginx's daemonised masters are reaped here.
+relays' logs where something went wrong; ZCRELAY_HANDOVER_LOGS=1: every zcrelay round's).
+Loopback only, every wait bounded, only processes it started (or that those reported: the
+peers' new masters and workers) are stopped, by pid; it becomes a child subreaper so nginx's
+daemonised masters are reaped here.
 """
 import errno
 import hashlib
@@ -716,8 +723,9 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         res["echoed"] = check_idle(socks, mono() + IDLE_STEP_TIMEOUT)
         if res["echoed"] != n:
             way.problems.append(f"{n - res['echoed']} of {n} connections did not echo after")
-        res["taken"] = metric(scrape(maddr), "zcrelay_handover_connections_total",
-                              'result="taken"')
+        after = scrape(maddr)   # the new relay's, on the metrics socket it was handed
+        res["taken"] = metric(after, "zcrelay_handover_connections_total", 'result="taken"')
+        res["fallbacks_after"] = metric(after, "zcrelay_pipe_fallbacks_total")
         if res["taken"] != n:
             way.problems.append(f"taken metric {res['taken']}, not {n}")
         if way.problems or SHOW_LOGS:
@@ -790,11 +798,12 @@ def main():
                 r = idle_round(n, rnd, tmp, echo, echo_port)
                 idle[n].append(r)
                 log(f"round {rnd} idle {n:5}: opened in {r['open_s']:.1f} s (echo holds "
-                    f"{r['echo_held']} more fds; pipe fallbacks {r['fallbacks']}); ready {r['ready_ms']:.1f} ms after the "
-                    f"trigger; took sockets in {r['sockets_ms']} ms, {r['conns']} connections in "
-                    f"{r['handover_ms']} ms after READY; old gone "
-                    f"{fmt(r['old_ms'])} ms after ready; old handed/kept/failed {r['handed']}; echoed after "
-                    f"{r['echoed']}/{n}; taken metric {r['taken']}"
+                    f"{r['echo_held']} more fds; pipe fallbacks {r['fallbacks']}); ready "
+                    f"{r['ready_ms']:.1f} ms after the trigger; took sockets in "
+                    f"{r['sockets_ms']} ms, {r['conns']} connections in {r['handover_ms']} ms "
+                    f"after READY; old gone {fmt(r['old_ms'])} ms after ready; old "
+                    f"handed/kept/failed {r['handed']}; echoed after {r['echoed']}/{n}; taken "
+                    f"metric {r['taken']}; the new relay's pipe fallbacks {r['fallbacks_after']}"
                     + (f"  PROBLEMS: {'; '.join(r['problems'])}" if r["problems"] else ""))
         stop(echo.pid)
     finally:
@@ -860,18 +869,18 @@ def main():
     print()
     print("| N | connections in, ms after READY (new relay's log) | sockets, ms (log) | trigger "
           "to ready, ms | old relay gone after ready, ms | echo after (of N) | taken metric | "
-          "old: handed/kept/failed | pipe fallbacks before |")
+          "old: handed/kept/failed | pipe fallbacks: old before, new after |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in NS:
         rs = idle[n]
-        col = lambda k, fmt="{:.1f}": cell([r[k] for r in rs if isinstance(r[k], (int, float))],  # noqa
-                                           fmt)
+        def col(k, fmt="{:.1f}", rs=rs):
+            return cell([r[k] for r in rs if isinstance(r[k], (int, float))], fmt)
         hk = sorted({r["handed"] for r in rs})
         tk = sorted({str(r["taken"]) for r in rs})
         print(f"| {n} | {col('handover_ms')} | {col('sockets_ms')} | {col('ready_ms')} | "
               f"{col('old_ms')} | {col('echoed', '{:.0f}')} | {', '.join(tk)} | "
               f"{'; '.join('/'.join(map(str, h)) for h in hk)} | "
-              f"{', '.join(sorted({str(r['fallbacks']) for r in rs}))} |")
+              f"{col('fallbacks', '{:.0f}')}; {col('fallbacks_after', '{:.0f}')} |")
     print()
     batch = (f"in batches of {OPEN_BATCH}, each once the relay's pipes were back"
              if OPEN_BATCH else "all at once (ZCRELAY_HANDOVER_BATCH=0)")
