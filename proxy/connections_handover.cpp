@@ -26,6 +26,16 @@ int32_t indexOf(const List& list, Name name) {
     return -1;
 }
 
+// The fds c crosses with: its two sockets, and the two ends of each splice direction's pipe
+// that holds bytes (a direction HandingOver moves none, so this stays true until it is sent).
+uint32_t fdsToSend(const Conn& c) {
+    uint32_t fds = 2;
+    for (const Direction& d : c.dir)
+        if (const auto* splice = std::get_if<SplicePump>(&d.pump); splice && splice->inPipe() > 0)
+            fds += 2;
+    return fds;
+}
+
 }  // namespace
 
 // ---- the relay that hands over ---------------------------------------------------------------
@@ -45,8 +55,9 @@ void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {
         Conn& c = conn(slot);
         if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
-        if (!handable(c) || !outbound_->admits(listenerConfig(c).name, clusterOf(c).config.name,
-                                               clusterOf(c).backends[c.backend].key)) {
+        if (!handable(c) ||
+            !outbound_->admits(listenerConfig(c).name, clusterOf(c).config.name,
+                               clusterOf(c).backends[c.backend].key, fdsToSend(c))) {
             process_.handovers[idx(Outcome::Kept)].fetch_add(1);
             ++handed_counts_[1];
             continue;

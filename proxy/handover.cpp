@@ -125,14 +125,14 @@ bool Acceptance::takes(const std::string& listener, const std::string& cluster,
 }
 
 void Acceptance::addTo(takeover::Message& m) const {
-    m.set("room", number(room));
+    m.set("fds", number(fds));
     for (const std::string& l : listeners) m.set("listener", l);
     for (const std::string& b : backends) m.set("backend", b);
 }
 
 Acceptance Acceptance::from(const takeover::Message& m) {
     Acceptance a;
-    if (!readNumber(m, "room", a.room)) a.room = 0;
+    if (!readNumber(m, "fds", a.fds)) a.fds = 0;
     a.listeners = m.all("listener");
     a.backends = m.all("backend");
     return a;
@@ -144,14 +144,14 @@ Outbound::Outbound(UniqueFd channel, Acceptance accepts, unsigned workers, int64
     : channel_(std::move(channel)),
       accepts_(std::move(accepts)),
       deadline_ms_(deadline_ms),
-      room_(static_cast<int64_t>(std::min<uint64_t>(accepts_.room, INT64_MAX))),
+      fds_left_(static_cast<int64_t>(std::min<uint64_t>(accepts_.fds, INT64_MAX))),
       workers_left_(workers) {}
 
 bool Outbound::admits(const std::string& listener, const std::string& cluster,
-                      const std::string& backend) {
+                      const std::string& backend, uint32_t fds) {
     if (failed_.load() || !accepts_.takes(listener, cluster, backend)) return false;
-    if (room_.fetch_sub(1) > 0) return true;
-    room_.fetch_add(1);
+    if (fds_left_.fetch_sub(fds) >= fds) return true;
+    fds_left_.fetch_add(fds);
     return false;
 }
 

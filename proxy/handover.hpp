@@ -19,7 +19,8 @@
 //     SOCKHASH, with records only that process's maps hold);
 //   - one being ended at max_connection_duration;
 //   - one whose listener, cluster or backend the new relay has not (its READY says what it
-//     has), or past the room the new relay has for fds (READY's room).
+//     has), or past the fds the new relay has room for (READY's fds: 2 per connection, 2 more
+//     per pipe that crosses with it).
 //
 //   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US quiet=MS
 //        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N]
@@ -78,9 +79,11 @@ takeover::Message toMessage(const HandedConn& h);
 tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m);
 
 // What a taker can take, said in its READY: connections on these listeners to these backends
-// ("cluster/key"), and how many its fd budget has room for.
+// ("cluster/key"), and how many fds it has room for: its connection budget's, and no more than
+// its open-file limit leaves (an fd that does not fit is cut off in recvmsg, MSG_CTRUNC, and the
+// connection with it).
 struct Acceptance {
-    uint64_t room = 0;
+    uint64_t fds = 0;
     std::vector<std::string> listeners;
     std::vector<std::string> backends;
 
@@ -102,10 +105,10 @@ class Outbound {
   public:
     Outbound(UniqueFd channel, Acceptance accepts, unsigned workers, int64_t deadline_ms);
 
-    // Whether a connection on `listener` to `cluster`/`backend` may go: the taker has them,
-    // and room for one more (taken here).
-    bool admits(const std::string& listener, const std::string& cluster,
-                const std::string& backend);
+    // Whether a connection on `listener` to `cluster`/`backend`, crossing with `fds` fds, may
+    // go: the taker has them, and room for the fds (taken here).
+    bool admits(const std::string& listener, const std::string& cluster, const std::string& backend,
+                uint32_t fds);
     // Sends `h` with `fds`, bounded by the handover's deadline. After a failure every later
     // send fails at once: the taker is gone or stuck.
     tl::expected<void, std::string> send(const HandedConn& h, std::span<const int> fds);
@@ -119,7 +122,7 @@ class Outbound {
     UniqueFd channel_;
     const Acceptance accepts_;
     const int64_t deadline_ms_;
-    std::atomic<int64_t> room_;
+    std::atomic<int64_t> fds_left_;
     std::atomic<bool> failed_{false};
     std::mutex mutex_;
     std::condition_variable done_;

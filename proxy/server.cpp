@@ -14,6 +14,7 @@
 #include "listener.hpp"
 #include "log.hpp"
 #include "privileges.hpp"
+#include "process_stats.hpp"
 #include "server_sockets.hpp"
 #include "socket_activation.hpp"
 #include "unix_path.hpp"
@@ -82,6 +83,7 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
     uint64_t usable = nofile.rlim_cur > reserved ? nofile.rlim_cur - reserved : 2;
     uint32_t per_worker = static_cast<uint32_t>(std::max<uint64_t>(1, usable / 2 / cfg.workers));
     server->per_worker_ = per_worker;
+    server->reserved_fds_ = reserved;
     LOG_INFO("RLIMIT_NOFILE %llu: up to %u connections per worker, %u in all",
              static_cast<unsigned long long>(nofile.rlim_cur), per_worker,
              per_worker * cfg.workers);
@@ -526,12 +528,20 @@ size_t Server::handOver(std::shared_ptr<handover::Outbound> out) {
 
 handover::Acceptance Server::acceptance() const {
     handover::Acceptance a;
-    // Half the fd budget's room: the connections handed over and the clients this relay
-    // accepts meanwhile share the rest.
-    const uint64_t budget = uint64_t{per_worker_} * workers_.size();
-    const uint64_t live = process_.live.load();
-    a.room = budget > live ? (budget - live) / 2 : 0;
+    // The fd budget's room, less what the accepts armed meanwhile may bring: holding what the
+    // old relay held, this one is where the old one was, with the same budget.
     std::shared_ptr<const Runtime> rt = current();
+    const uint64_t budget = uint64_t{per_worker_} * workers_.size();
+    const uint64_t armed = uint64_t{Acceptor::kBatch} * workers_.size() * rt->listeners.size();
+    const uint64_t held = process_.live.load() + armed;
+    a.fds = budget > held ? 2 * (budget - held) : 0;
+    // And no more than the open-file limit leaves now, past the fds kept for what is not a
+    // connection: the budget counts 2 a connection, and a pipe that crosses costs 2 more.
+    rlimit nofile{};
+    ::getrlimit(RLIMIT_NOFILE, &nofile);
+    const int open = readProcessStats().open_fds;
+    const uint64_t used = static_cast<uint64_t>(std::max(open, 0)) + reserved_fds_;
+    a.fds = std::min<uint64_t>(a.fds, nofile.rlim_cur > used ? nofile.rlim_cur - used : 0);
     for (const ListenerRt& l : rt->listeners) a.listeners.push_back(l.config.name);
     for (const ClusterRt& c : rt->clusters)
         for (const BackendRt& b : c.backends) a.backends.push_back(c.config.name + "/" + b.key);

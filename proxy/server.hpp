@@ -142,7 +142,8 @@ class Server {
     std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
     std::unique_ptr<Sockmap> sockmap_;       // outlives the workers (declared before them)
     std::vector<std::unique_ptr<Worker>> workers_;
-    uint32_t per_worker_ = 0;  // each worker's share of the fd budget, in connections
+    uint32_t per_worker_ = 0;    // each worker's share of the fd budget, in connections
+    uint64_t reserved_fds_ = 0;  // the fds the budget keeps for what is not a connection
     size_t next_adopter_ = 0;  // adopt(): the workers in turn
     // Builds of the next generation, one at a time: reload, discovery, the runtime API.
     std::mutex publish_mutex_;

@@ -177,6 +177,16 @@ std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
     tl::expected<Message, std::string> done = tl::unexpected(std::string("nothing came"));
     for (;;) {
         done = receive(taken.channel.get(), monotonicMs() + kDoneMs);
+        if (!done && done.error() == kFdsCutOff) {
+            // Past this process's open-file limit (READY's fds keeps it from getting there):
+            // the kernel closed the fds that did not fit, and the connection is cut.
+            LOG_ERROR(
+                "takeover: a connection from pid %d came with its fds cut off (the "
+                "open-file limit); it is lost",
+                static_cast<int>(taken.giver));
+            adopt(std::nullopt);
+            continue;
+        }
         if (!done || done->verb != "CONN") break;
         auto conn = handover::fromMessage(*done);
         if (!conn) {

@@ -18,7 +18,7 @@
 //   giver  SOCKET kind=K listen=A bound=B [name=L] [held=systemd]  + fd    N times
 //   giver  END
 //          the taker starts: binds what it was not given, loads what it needs, starts workers
-//   taker  READY pid=P [room=N listener=L... backend=C/K...]   (or ABORT reason=..., or it dies)
+//   taker  READY pid=P [fds=N listener=L... backend=C/K...]   (or ABORT reason=..., or it dies)
 //          the giver stops accepting (closes its copies without shutdown) and drains; in
 //          version 2 its workers first hand over the connections the taker can take:
 //   giver  CONN ...  + fds                                  (handover.hpp), any number

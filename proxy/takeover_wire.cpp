@@ -168,7 +168,7 @@ tl::expected<Message, std::string> receive(int sock, int64_t deadline_ms) {
                 }
             }
             if (msg.msg_flags & MSG_TRUNC) return tl::unexpected(std::string("a message too long"));
-            if (msg.msg_flags & MSG_CTRUNC) return tl::unexpected(std::string("fds cut off"));
+            if (msg.msg_flags & MSG_CTRUNC) return tl::unexpected(std::string(kFdsCutOff));
             if (fds.size() > kMaxFds)
                 return tl::unexpected("more than " + std::to_string(kMaxFds) + " fds in a message");
             auto m = parse(std::string_view(buf.data(), static_cast<size_t>(n)));

@@ -50,6 +50,10 @@ struct Message {
 
 tl::expected<Message, std::string> parse(std::string_view text);
 
+// receive()'s error for a record whose fds the kernel could not all install (MSG_CTRUNC: the
+// receiver's open-file limit); the record itself is consumed.
+inline constexpr std::string_view kFdsCutOff = "fds cut off";
+
 // Both wait at most until `deadline_ms` (monotonicMs()) on a nonblocking socket; the error
 // says what failed, "closed" when the other side went away first. `fds` (at most kMaxFds) ride
 // along: the receiver gets its own, and the caller's stay open.

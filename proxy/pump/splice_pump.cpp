@@ -62,7 +62,12 @@ Step SplicePump::restart(const PumpPort& p, PumpEnv& env) {
     poll_in_ = false;
     poll_out_ = false;
     watch_.armed = false;
-    return pump(p, env);
+    // Bytes in the pipe, or an end seen: move now. Otherwise wait as start() does: a poll checks
+    // readiness when armed, so what src holds is not missed, and an idle direction takes no
+    // pipe (thousands adopted at once would otherwise take two fds each until the next sweep).
+    if (in_pipe_ > 0 || eof_ || watch_.hup || done_) return pump(p, env);
+    armPollIn(p);
+    return {};
 }
 
 Step SplicePump::start(const PumpPort& p, PumpEnv&) {

@@ -435,6 +435,36 @@ TEST_F(HandoverTest, AnIperf3StreamKeepsGoingAcrossTheUpgrade) {
     EXPECT_TRUE(server.waitExit(Millis{5'000})) << readFileText(scratch_.file("iperf3-server.err"));
 }
 
+// The new relay takes no more than its fd budget has room for: with 400 open files (136
+// connections over 2 workers, less the 32 accepts they may have armed) it takes 104 of 150, and
+// the old relay keeps the rest. Every one of the 150 works, wherever it is.
+TEST_F(HandoverTest, TheNewRelayTakesWhatItsFdBudgetHasRoomForAndTheRestStay) {
+    constexpr int kIdle = 150;
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    std::vector<Fd> idle = idleEchoes(old, kIdle);
+    ASSERT_EQ(idle.size(), static_cast<size_t>(kIdle));
+    ASSERT_TRUE(up_.waitForAccepted(static_cast<size_t>(kIdle), kIo));
+    RelayProcess next;
+    next.setNofileLimit(400);
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 104.0) << next.stderrText();
+    EXPECT_TRUE(old.running()) << "the old relay left the connections it kept";
+    int failed = 0;
+    for (Fd& fd : idle) {
+        char back[4] = {};
+        IoResult w = writeAll(fd.get(), "ping", 4, kIo);
+        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
+        if (!r.ok() || std::memcmp(back, "ping", 4) != 0) ++failed;
+    }
+    EXPECT_EQ(failed, 0);
+    idle.clear();
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    next.terminate();
+}
+
 // ---------------------------------------------------------------------------------------------
 // What stays: sockmap connections, and one mid-PROXY-header, are the old relay's to finish;
 // they keep it alive, and their bytes are intact.

@@ -1,7 +1,7 @@
 // A live connection as it crosses (proxy/handover.hpp): a CONN record and its fds cross a real
 // socketpair and come back as sent, pipes in order; a record that lies about its fds, or lacks
 // what a connection needs, is an error naming it, and the fds that came are closed. What a
-// taker takes (Acceptance) and the old side's room.
+// taker takes (Acceptance) and the fds the old side may send it.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
@@ -118,21 +118,22 @@ TEST(HandoverRecordTest, ARecordThatLiesAboutItsFdsOrLacksWhatAConnectionNeedsIs
 
 TEST(HandoverRecordTest, ATakerSaysWhatItTakesAndTheGiverSpendsItsRoom) {
     Acceptance a;
-    a.room = 2;
+    a.fds = 6;
     a.listeners = {"web"};
     a.backends = {"app/127.0.0.1:8080"};
     takeover::Message ready("READY");
     a.addTo(ready);
     const Acceptance said = Acceptance::from(*takeover::parse(ready.line()));
-    EXPECT_EQ(said.room, 2u);
+    EXPECT_EQ(said.fds, 6u);
     EXPECT_TRUE(said.takes("web", "app", "127.0.0.1:8080"));
     EXPECT_FALSE(said.takes("web", "app", "127.0.0.1:8081")) << "a backend it has not";
     EXPECT_FALSE(said.takes("other", "app", "127.0.0.1:8080")) << "a listener it has not";
 
     Outbound out(UniqueFd(), said, 1, monotonicMs() + 1000);
-    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080"));
-    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080"));
-    EXPECT_FALSE(out.admits("web", "app", "127.0.0.1:8080")) << "past the room it said";
+    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080", 4));
+    EXPECT_FALSE(out.admits("web", "app", "127.0.0.1:8080", 4)) << "past the fds it said";
+    EXPECT_TRUE(out.admits("web", "app", "127.0.0.1:8080", 2));
+    EXPECT_FALSE(out.admits("web", "app", "127.0.0.1:8080", 2));
     out.workerDone();
     EXPECT_TRUE(out.waitForWorkers(monotonicMs() + 1000));
 }
