@@ -14,12 +14,14 @@
 
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "clock.hpp"
+#include "support/json.hpp"
 #include "support/labels.hpp"
 #include "support/loopback.hpp"
 #include "support/relay_process.hpp"
@@ -463,6 +465,63 @@ TEST_F(HandoverTest, TheNewRelayTakesWhatItsFdBudgetHasRoomForAndTheRestStay) {
     ASSERT_TRUE(gone) << old.stderrText();
     EXPECT_TRUE(gone->cleanExit()) << gone->describe();
     next.terminate();
+}
+
+// A connection's identity crosses with it: the new relay's access log line for it names the
+// client its PROXY header named, its start before the upgrade, its whole duration and every
+// byte, both sides; the old relay's line says it was handed over, with the bytes until then.
+TEST_F(HandoverTest, AConnectionsIdentityAndBytesCrossToTheAccessLog) {
+    const std::string log_path = scratch_.file("access.log");
+    RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
+    config.extra_yaml += "access_log:\n  path: \"" + log_path + "\"\n";
+    config.listeners[0].extra_yaml = "    accept_proxy: true\n";
+    RelayProcess old;
+    ASSERT_TRUE(old.start(config));
+    Connected c = connectTo(old.host(), old.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    const std::string first =
+        "PROXY TCP4 192.0.2.1 198.51.100.2 40000 443\r\nE" + std::string(999, 'a');
+    ASSERT_TRUE(writeAll(c.fd.get(), first.data(), first.size(), kIo).ok());
+    std::string back(999, '\0');
+    ASSERT_TRUE(readExactly(c.fd.get(), back.data(), back.size(), kIo).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+    RelayProcess next;
+    ASSERT_GE(upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000}), 0) << old.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 1.0);
+    const std::string more(1000, 'b');
+    ASSERT_TRUE(writeAll(c.fd.get(), more.data(), more.size(), kIo).ok());
+    back.assign(1000, '\0');
+    ASSERT_TRUE(readExactly(c.fd.get(), back.data(), back.size(), kIo).ok());
+    EXPECT_EQ(back, more);
+    EXPECT_EQ(endStream(c.fd.get(), kIo), "");
+    ASSERT_TRUE(next.waitForMetric(kActive, metric::listener(), 0.0));
+    ExitStatus stopped = next.terminate();  // its access log is flushed as it exits
+    EXPECT_TRUE(stopped.cleanExit()) << stopped.describe();
+
+    std::string text = readFileText(log_path);
+    std::map<std::string, std::string> by_reason;  // termination -> its line
+    for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+        std::string error;
+        auto doc = parseJson(text.substr(at, end - at), error);
+        ASSERT_TRUE(doc) << error << ": " << text;
+        const Json* why = doc->get("termination");
+        ASSERT_NE(why, nullptr) << text;
+        by_reason[why->string] = text.substr(at, end - at);
+    }
+    ASSERT_EQ(by_reason.count("handed_over"), 1u) << text;
+    ASSERT_EQ(by_reason.count("done"), 1u) << text;
+    std::string error;
+    const Json done = *parseJson(by_reason["done"], error);
+    const Json handed = *parseJson(by_reason["handed_over"], error);
+    EXPECT_EQ(done.get("client")->string, "192.0.2.1:40000");
+    // Up: 'E', 999 and 1000 bytes (the PROXY header is not data); down: the echo of 1999.
+    EXPECT_EQ(done.get("bytes_up")->raw, "2000");
+    EXPECT_EQ(done.get("bytes_down")->raw, "1999");
+    EXPECT_EQ(handed.get("bytes_up")->raw, "1000");
+    EXPECT_EQ(handed.get("bytes_down")->raw, "999");
+    EXPECT_EQ(done.get("time")->string, handed.get("time")->string) << "the same start";
+    EXPECT_GE(std::strtod(done.get("duration_ms")->raw.c_str(), nullptr), 300.0);
 }
 
 // ---------------------------------------------------------------------------------------------
