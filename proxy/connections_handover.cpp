@@ -110,11 +110,10 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
         h.bytes[d] = c.bytes[d];
         if (const auto* copy = std::get_if<CopyPump>(&c.dir[d].pump)) {
             whole = whole && copy->empty();
-            h.dir[d] = copy->handed();
-            h.dir[d].copy = true;
+            h.dir[d] = copy->resting();
         } else {
             const SplicePump& pump = std::get<SplicePump>(c.dir[d].pump);
-            h.dir[d] = pump.handed();
+            h.dir[d] = pump.resting();
             if (h.dir[d].in_pipe > 0) {
                 fds[n++] = pump.pipe().read_fd;
                 fds[n++] = pump.pipe().write_fd;

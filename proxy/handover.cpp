@@ -46,7 +46,7 @@ takeover::Message toMessage(const HandedConn& h) {
         .set("up", number(h.bytes[0]))
         .set("down", number(h.bytes[1]));
     for (int d = 0; d < 2; ++d) {
-        const HandedDirection& dir = h.dir[d];
+        const RestingDirection& dir = h.dir[d];
         if (dir.finished) m.set(dirKey("fin", d), "1");
         if (dir.eof) m.set(dirKey("eof", d), "1");
         if (dir.hup) m.set(dirKey("hup", d), "1");
@@ -89,7 +89,7 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
     h.attempts = static_cast<uint32_t>(attempts);
     size_t fds_wanted = 2;
     for (int d = 0; d < 2; ++d) {
-        HandedDirection& dir = h.dir[d];
+        RestingDirection& dir = h.dir[d];
         dir.finished = m.get(dirKey("fin", d)) == "1";
         dir.eof = m.get(dirKey("eof", d)) == "1";
         dir.hup = m.get(dirKey("hup", d)) == "1";

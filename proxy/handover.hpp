@@ -37,19 +37,11 @@
 #include <vector>
 
 #include "address.hpp"
+#include "pump/pump.hpp"
 #include "takeover_wire.hpp"
 #include "unique_fd.hpp"
 
 namespace zcrelay::handover {
-
-// A direction's splice state as it crosses (pump/splice_pump.hpp).
-struct HandedDirection {
-    bool finished = false;  // src's FIN was passed on: dst is shut down for writing
-    bool eof = false;       // src's end was read; the bytes before it may still be in the pipe
-    bool hup = false;       // a watch saw src's FIN, not read yet
-    uint32_t in_pipe = 0;   // bytes in the pipe, which crosses with them
-    bool copy = false;      // on the copy path (it held no bytes when it crossed)
-};
 
 struct HandedConn {
     std::string listener;
@@ -64,7 +56,7 @@ struct HandedConn {
     int64_t connect_us = 0;
     uint32_t attempts = 0;
     uint64_t bytes[2] = {0, 0};  // relayed so far, per direction
-    HandedDirection dir[2];
+    RestingDirection dir[2];
     // Received only: the fds that came with it.
     UniqueFd client_fd;
     UniqueFd upstream_fd;

@@ -42,7 +42,6 @@
 #include <array>
 #include <cstdint>
 
-#include "handover.hpp"
 #include "pump/pump.hpp"
 #include "uring/buf_ring.hpp"
 
@@ -188,7 +187,7 @@ class CopyPump {
     bool empty() const {
         return queue_.empty() && !recv_armed_ && !send_armed_ && !poll_out_ && lent_ == 0;
     }
-    handover::HandedDirection handed() const { return {done_, eof_, watch_.hup, 0}; }
+    RestingDirection resting() const { return {done_, eof_, watch_.hup, 0, true}; }
 
   private:
     Step settle(const PumpPort& p, Flow flow);

@@ -123,6 +123,16 @@ struct PumpEnv {
     ZerocopyHolds& holds;
 };
 
+// A direction at rest: nothing of it armed, and nothing held in user space. What another
+// process needs to resume it (handover.hpp) beside its sockets and, on splice, its pipe.
+struct RestingDirection {
+    bool finished = false;  // src's FIN was passed on: dst is shut down for writing
+    bool eof = false;       // src's end was read; the bytes before it may still be in the pipe
+    bool hup = false;       // a watch saw src's FIN, not read yet
+    uint32_t in_pipe = 0;   // splice: bytes in the pipe, which crosses with them
+    bool copy = false;      // on the copy path
+};
+
 // A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data
 // (no wake-up per segment), only on FIN; POLLERR and POLLHUP are always reported, so an RST
 // on a source nobody reads is noticed at once.

@@ -48,7 +48,7 @@ void SplicePump::abort(const PumpPort&, PumpEnv& env) {
     in_pipe_ = 0;
 }
 
-SplicePump SplicePump::adopted(const handover::HandedDirection& d, Pipe pipe) {
+SplicePump SplicePump::adopted(const RestingDirection& d, Pipe pipe) {
     SplicePump pump;
     pump.pipe_ = pipe;
     pump.in_pipe_ = pipe.valid() ? d.in_pipe : 0;

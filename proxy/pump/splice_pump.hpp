@@ -15,7 +15,6 @@
 //   finished          src sent FIN and all of it reached dst, which was shut down for writing.
 #include <cstdint>
 
-#include "handover.hpp"
 #include "pipe_pool.hpp"
 #include "pump/pump.hpp"
 
@@ -73,9 +72,9 @@ class SplicePump {
     // ---- handover (handover.hpp): what crosses to the next relay, once nothing is armed. The
     // pipe crosses with it only when it holds bytes (the caller sends pipe()'s fds); an empty
     // one stays in this relay's pool (abort()).
-    handover::HandedDirection handed() const { return {done_, eof_, watch_.hup, in_pipe_}; }
+    RestingDirection resting() const { return {done_, eof_, watch_.hup, in_pipe_, false}; }
     // A direction the previous relay handed over, its pipe (holding d.in_pipe bytes) adopted.
-    static SplicePump adopted(const handover::HandedDirection& d, Pipe pipe);
+    static SplicePump adopted(const RestingDirection& d, Pipe pipe);
     // Its waits were cancelled (a handover that failed) or never armed here (adopted): moves
     // what can move now, and arms the wait it is then in.
     Step restart(const PumpPort& p, PumpEnv& env);
