@@ -9,11 +9,15 @@
 // with the old relay, which finishes it as it drains: its bytes arrive intact too, and the old
 // relay lives until it ends.
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -522,6 +526,73 @@ TEST_F(HandoverTest, AConnectionsIdentityAndBytesCrossToTheAccessLog) {
     EXPECT_EQ(handed.get("bytes_down")->raw, "999");
     EXPECT_EQ(done.get("time")->string, handed.get("time")->string) << "the same start";
     EXPECT_GE(std::strtod(done.get("duration_ms")->raw.c_str(), nullptr), 300.0);
+}
+
+// A real client in an open transaction: psql begins, inserts, sleeps in the server while the
+// relay is upgraded, inserts again and commits. The session never notices; both rows are there.
+TEST_F(HandoverTest, APsqlSessionInAnOpenTransactionCommitsAcrossTheUpgrade) {
+    auto psql = findExecutable("psql");
+    ASSERT_TRUE(psql) << "psql is not installed (deploy/install-deps.sh installs postgresql)";
+    std::string bin;
+    for (const char* v : {"17", "16", "15"})
+        if (::access(("/usr/lib/postgresql/" + std::string(v) + "/bin/initdb").c_str(), X_OK) == 0)
+            bin = "/usr/lib/postgresql/" + std::string(v) + "/bin/";
+    ASSERT_FALSE(bin.empty()) << "no PostgreSQL server binaries under /usr/lib/postgresql";
+    passwd* pg = ::getpwnam("postgres");
+    ASSERT_NE(pg, nullptr) << "no postgres user";
+    // PostgreSQL refuses to run as root: its directory is the postgres user's.
+    const std::string dir = scratch_.file("pg");
+    ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(dir.c_str(), pg->pw_uid, pg->pw_gid), 0) << std::strerror(errno);
+    ASSERT_EQ(::chmod(scratch_.path().c_str(), 0755), 0);
+    auto runuser = findExecutable("runuser");
+    ASSERT_TRUE(runuser) << "no runuser (util-linux)";
+    const auto as_postgres = [&](std::vector<std::string> argv) {
+        argv.insert(argv.begin(), {*runuser, "-u", "postgres", "--"});
+        return runCommand(argv, Millis{60'000});
+    };
+    CommandResult init =
+        as_postgres({bin + "initdb", "-D", dir + "/data", "-A", "trust", "-U", "postgres"});
+    ASSERT_TRUE(init.status.cleanExit()) << init.describe();
+    uint16_t pg_port = 0;
+    ASSERT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
+        CommandResult started = as_postgres(
+            {bin + "pg_ctl", "-D", dir + "/data", "-w", "-t", "30", "-l", dir + "/pg.log", "-o",
+             "-p " + std::to_string(port) + " -k " + dir + " -c listen_addresses=127.0.0.1",
+             "start"});
+        if (started.status.cleanExit()) {
+            pg_port = port;
+            return PortLaunch::Up;
+        }
+        why = started.describe() + readFileText(dir + "/pg.log");
+        return PortLaunch::Retry;
+    }));
+    struct Stop {
+        std::function<void()> f;
+        ~Stop() { f(); }
+    } stop{[&] { as_postgres({bin + "pg_ctl", "-D", dir + "/data", "-m", "fast", "stop"}); }};
+
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(loopbackHostPort(AF_INET, pg_port), "splice", socket_)));
+    const std::string script = scratch_.writeFile(
+        "tx.sql",
+        "BEGIN;\nCREATE TABLE crossed (x int);\nINSERT INTO crossed VALUES (1);\n"
+        "SELECT pg_sleep(2);\nINSERT INTO crossed VALUES (2);\nCOMMIT;\n"
+        "SELECT 'rows=' || count(*) FROM crossed;\n");
+    CommandResult session;
+    std::thread run([&] {
+        session = runCommand({*psql, "-h", "127.0.0.1", "-p", std::to_string(old.port()), "-U",
+                              "postgres", "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-f", script},
+                             Millis{60'000});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1'000));  // inside pg_sleep
+    RelayProcess next;
+    const int64_t exit_ms = upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000});
+    run.join();
+    EXPECT_GE(exit_ms, 0) << "the old relay still runs:\n" << old.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 1.0) << next.stderrText();
+    EXPECT_TRUE(session.status.cleanExit()) << session.describe();
+    EXPECT_NE(session.out.find("rows=2"), std::string::npos) << session.describe();
 }
 
 // ---------------------------------------------------------------------------------------------
