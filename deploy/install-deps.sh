@@ -23,9 +23,10 @@ packages=(
   libclang-rt-dev
   # benches and peers
   haproxy nginx libnginx-mod-stream wrk prometheus linux-perf gnuplot-nox ministat python3 time
-  # a real service behind the relay (bench/fin-resets.sh): PostgreSQL and pgbench, which the
-  # bench runs as the postgres user in a data directory of its own
-  postgresql
+  # real services behind the relay (bench/fin-resets.sh, tests/integration/handover_test.cpp):
+  # PostgreSQL, psql and pgbench, run as the postgres user in a data directory of their own;
+  # sshd and scp, an sshd of the test's own on a loopback port (no system service is started)
+  postgresql openssh-server openssh-client
   # the suite's stress runs (tests/stress.sh): the cases again while both CPUs are busy
   stress-ng
   # packaging checks (tests/deploy): cpack's DEB generator (dpkg-shlibdeps, file),

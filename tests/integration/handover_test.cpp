@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -593,6 +594,76 @@ TEST_F(HandoverTest, APsqlSessionInAnOpenTransactionCommitsAcrossTheUpgrade) {
     EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 1.0) << next.stderrText();
     EXPECT_TRUE(session.status.cleanExit()) << session.describe();
     EXPECT_NE(session.out.find("rows=2"), std::string::npos) << session.describe();
+}
+
+// A real client on a long transfer: scp of 96 MiB, paced to about 3 s, over ssh through the
+// relay to an sshd of this case's own, upgraded 1 s in. The copy arrives whole.
+TEST_F(HandoverTest, AnScpOverSshKeepsGoingAcrossTheUpgrade) {
+    auto sshd = findExecutable("sshd");
+    auto scp = findExecutable("scp");
+    auto keygen = findExecutable("ssh-keygen");
+    ASSERT_TRUE(sshd && scp && keygen)
+        << "sshd, scp or ssh-keygen is missing (deploy/install-deps.sh installs openssh)";
+    const std::string d = scratch_.path();
+    for (const char* key : {"host", "client"}) {
+        CommandResult made =
+            runCommand({*keygen, "-q", "-t", "ed25519", "-N", "", "-f", d + "/" + key});
+        ASSERT_TRUE(made.status.cleanExit()) << made.describe();
+    }
+    scratch_.writeFile("authorized_keys", readFileText(d + "/client.pub"));
+    ::mkdir("/run/sshd", 0755);  // sshd's privilege separation directory, if the host has none
+    ChildProcess server;
+    uint16_t ssh_port = 0;
+    ASSERT_TRUE(startOnFreeLoopbackPort(AF_INET, [&](uint16_t port, std::string& why) {
+        const std::string config = scratch_.writeFile(
+            "sshd_config", "Port " + std::to_string(port) + "\nListenAddress 127.0.0.1\nHostKey " +
+                               d + "/host\nAuthorizedKeysFile " + d + "/authorized_keys\nPidFile " +
+                               d +
+                               "/sshd.pid\nStrictModes no\nUsePAM no\n"
+                               "PermitRootLogin prohibit-password\nSubsystem sftp internal-sftp\n");
+        ChildProcess::Options o;
+        o.argv = {*sshd, "-D", "-e", "-f", config};
+        o.stderr_path = d + "/sshd.err";
+        if (!server.spawn(o, why)) return PortLaunch::Failed;
+        if (waitUntil([&] { return listensOnLoopback4(port); }, Millis{5'000})) {
+            ssh_port = port;
+            return PortLaunch::Up;
+        }
+        why = "sshd never listened: " + readFileText(d + "/sshd.err");
+        server.killAndWait();
+        return PortLaunch::Retry;
+    }));
+    const std::string source = d + "/source.bin";
+    {
+        std::string block(1 << 20, '\0');
+        std::FILE* f = std::fopen(source.c_str(), "wb");
+        ASSERT_NE(f, nullptr);
+        for (int i = 0; i < 96; ++i) {
+            for (size_t j = 0; j < block.size(); ++j)
+                block[j] = static_cast<char>((j * 31 + i * 7) ^ (j >> 9));
+            ASSERT_EQ(std::fwrite(block.data(), 1, block.size(), f), block.size());
+        }
+        std::fclose(f);
+    }
+    RelayProcess old;
+    ASSERT_TRUE(old.start(handoverConfig(loopbackHostPort(AF_INET, ssh_port), "splice", socket_)));
+    CommandResult copied;
+    std::thread run([&] {
+        copied = runCommand(
+            {*scp, "-q", "-P", std::to_string(old.port()), "-i", d + "/client", "-l", "256000",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o",
+             "BatchMode=yes", source, "root@127.0.0.1:" + d + "/copy.bin"},
+            Millis{60'000});
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(1'000));
+    RelayProcess next;
+    const int64_t exit_ms = upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000});
+    run.join();
+    EXPECT_GE(exit_ms, 0) << "the old relay still runs:\n" << old.stderrText();
+    EXPECT_TRUE(copied.status.cleanExit()) << copied.describe() << readFileText(d + "/sshd.err");
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 1.0) << "the scp ended before?";
+    EXPECT_TRUE(readFileText(d + "/copy.bin", 200 << 20) == readFileText(source, 200 << 20))
+        << "the copy differs";
 }
 
 // ---------------------------------------------------------------------------------------------
