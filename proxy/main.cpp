@@ -19,6 +19,7 @@
 #include "cli.hpp"
 #include "clock.hpp"
 #include "config_reader.hpp"
+#include "fd_table.hpp"
 #include "log.hpp"
 #include "server.hpp"
 #include "service_notify.hpp"
@@ -315,6 +316,9 @@ int main(int argc, char** argv) {
     LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", ZCRELAY_VERSION, config.workers,
              config.workers == 1 ? "" : "s", renderConfig(config).c_str());
     startedBinary();  // the path SIGUSR2 executes, read before anything can replace the file
+    // Before the first thread: grown later, with threads, each growth stalls them all.
+    const size_t fd_table = growFdTable();
+    LOG_DEBUG("fd table: %zu fds", fd_table);
     Taking taking;
     if (std::string why = takeOver(options, config, taking); !why.empty()) {
         std::fprintf(stderr, "zcrelay: %s\n", why.c_str());

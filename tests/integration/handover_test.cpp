@@ -666,6 +666,23 @@ TEST_F(HandoverTest, AnScpOverSshKeepsGoingAcrossTheUpgrade) {
         << "the copy differs";
 }
 
+// The fd table is grown at start, before any thread: adopting thousands of connections (or
+// any climb in connections) then never grows it, and no thread waits out the RCU grace period
+// each growth costs a process with threads (proxy/fd_table.hpp).
+TEST_F(HandoverTest, TheFdTableIsGrownAtStartToTheOpenFileLimit) {
+    RelayProcess relay;
+    ASSERT_TRUE(relay.start(handoverConfig(up_.hostPort(), "splice", socket_)));
+    const std::string status = readFileText("/proc/" + std::to_string(relay.pid()) + "/status");
+    const std::string limits = readFileText("/proc/" + std::to_string(relay.pid()) + "/limits");
+    const size_t at = status.find("FDSize:");
+    ASSERT_NE(at, std::string::npos) << status;
+    const long fd_size = std::strtol(status.c_str() + at + 7, nullptr, 10);
+    const size_t limit_at = limits.find("Max open files");
+    ASSERT_NE(limit_at, std::string::npos) << limits;
+    const long limit = std::strtol(limits.c_str() + limit_at + 14, nullptr, 10);
+    EXPECT_GE(fd_size, std::min<long>(limit, 256 * 1024)) << status;
+}
+
 // ---------------------------------------------------------------------------------------------
 // What stays: sockmap connections, and one mid-PROXY-header, are the old relay's to finish;
 // they keep it alive, and their bytes are intact.
