@@ -16,6 +16,7 @@
 #include "privileges.hpp"
 #include "process_stats.hpp"
 #include "server_sockets.hpp"
+#include "signals.hpp"
 #include "socket_activation.hpp"
 #include "unix_path.hpp"
 
@@ -522,6 +523,7 @@ size_t Server::handOver(std::shared_ptr<handover::Outbound> out) {
     if (out)
         for (auto& w : workers_) w->handOver(out);
     drain();
+    wakeMainThread();  // to wait in short steps from now on, and exit soon after the workers
     std::lock_guard lock(listening_mutex_);
     return listening_.size();
 }

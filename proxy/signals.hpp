@@ -57,7 +57,14 @@ inline size_t signalIndex(int signo) {
 }
 
 // Blocks every signal of kSignals in the calling thread (and so in every thread it starts) and
-// ignores SIGPIPE; `set` gets the signals to wait for.
+// ignores SIGPIPE; `set` gets the signals to wait for. The caller is the thread that waits
+// (main), and wakeMainThread() reaches it.
 void blockSignals(sigset_t& set);
+
+// Not a signal anyone outside sends: another thread of the relay tells the main thread to look
+// again now rather than at the end of its wait (a takeover handed over: it drains from then
+// on, and exits once its last connection has crossed). In `set`, taken and not counted.
+int wakeSignal();
+void wakeMainThread();
 
 }  // namespace zcrelay
