@@ -579,8 +579,12 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
         fd = -1;
     }
     if (c.inflight == 0) freeConn(c, slot);
-    // The drain deadline closed one that was waiting to cross (a sent one was counted already).
-    if (handing && reason != CloseReason::HandedOver) handedOne();
+    // One that was waiting to cross ended here after all (both directions finished, a reset,
+    // the drain deadline); a sent one was counted already.
+    if (handing && reason != CloseReason::HandedOver) {
+        --handing_;
+        handedOne();
+    }
 }
 
 void Connections::countClose(Conn& c, uint32_t slot, CloseReason reason) {

@@ -65,6 +65,9 @@ class Connections final : public Acceptor::Host {
     // A connection the previous relay handed over: relayed from here on, in the state it was
     // in. One the config here has no listener, cluster or backend for is closed, counted lost.
     void adopt(handover::HandedConn& h);
+    // The worker stops: a handover it has not finished is over for it (the Outbound hears),
+    // whatever it still had waiting to cross being gone with its connections.
+    void endHandOver();
 
   private:
     static constexpr uint32_t kChunk = 256;

@@ -121,7 +121,6 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
         }
         h.dir[d].finished = c.dir[d].finished;
     }
-    --handing_;
     if (!whole) {
         // Nothing in flight, yet bytes held: never so (a send is armed while any are).
         LOG_ERROR(
@@ -129,7 +128,10 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
             "it stays",
             slot);
         keepHere(c, slot);
-    } else if (auto sent = outbound_->send(h, {fds, n}); sent) {
+        return;
+    }
+    --handing_;
+    if (auto sent = outbound_->send(h, {fds, n}); sent) {
         // The next relay has its own fds of the sockets and pipes now: closing ours sends no
         // FIN, and the pipe's bytes stay in it (abort() discards our ends).
         process_.handovers[idx(Outcome::HandedOver)].fetch_add(1);
@@ -167,6 +169,13 @@ void Connections::keepHere(Conn& c, uint32_t slot) {
     ++handed_counts_[1];
     resumeHere(c, slot);
     if (handing_ == 0 && !walking_) handedOne();
+}
+
+void Connections::endHandOver() {
+    if (!outbound_) return;
+    handing_ = 0;
+    walking_ = false;
+    handedOne();
 }
 
 void Connections::handedOne() {

@@ -97,6 +97,7 @@ void Worker::run(std::promise<Result<void>>& ready) {
     bool ok = up.has_value();
     ready.set_value(std::move(up));
     if (ok) loop();
+    if (conns_) conns_->endHandOver();
     {
         // A handover this worker never got to (it had stopped): the giver waits for no one,
         // and connections sent to it are lost, counted.

@@ -404,9 +404,15 @@ TEST_F(AcceptQueue, ConnectionsQueuedAtTheHandOverAreAcceptedByTheNewRelay) {
     auto [failed, first] = exchangeEach(queued);
     EXPECT_EQ(failed, 0) << "the first: " << first;
     EXPECT_EQ(refusalsSince(counters), "");
-    EXPECT_TRUE(
-        next.waitForMetric(metric::kConnectionsTotal, metric::listener(), 200 - accepted_by_old_))
-        << "the new relay accepted what waited in the queues";
+    // The new relay accepted what waited in the queues, and took over what the old one had
+    // accepted. As it stops, the old relay may accept a few more itself, at most one per
+    // accept it had armed (Acceptor::sweep, 16 per worker), and serve them: served they are.
+    const double taken =
+        next.metric(metricName(Metric::HandoverConnections), {{"result", "taken"}}).value_or(0);
+    EXPECT_TRUE(next.waitForMetric(
+        metric::kConnectionsTotal, metric::listener(),
+        [&](double v) { return v + taken >= 200 - 2 * 16; }, "accepted what waited", kIo))
+        << "taken over: " << taken;
     queued.clear();
     std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
     ASSERT_TRUE(gone);
