@@ -872,15 +872,7 @@ def main():
                     + (f"  PROBLEMS: {'; '.join(r['problems'])}" if r["problems"] else ""))
         stop(echo.pid)
     finally:
-        for pid in list(OWNED):
-            stop(pid)
-        while True:   # orphans handed to this subreaper
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        subprocess.run(["rm", "-rf", "--", tmp], timeout=60)
+        U.clean_up(tmp)
 
     print(host)
     print(f"command: bench/handover.py {rounds}   (took {mono() - t_run:.0f} s)")

@@ -187,6 +187,20 @@ def wait_gone(pid, timeout):
     return True
 
 
+def clean_up(tmp):
+    """The end of a run: every process it owns stopped, the orphans handed to this subreaper
+    reaped, `tmp` removed."""
+    for pid in list(OWNED):
+        stop(pid)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    subprocess.run(["rm", "-rf", "--", tmp], timeout=60)
+
+
 def stop(pid, sig=signal.SIGTERM, timeout=15):
     """Stops one process of ours by pid: sig, a bounded wait, then SIGKILL."""
     if pid is None:
@@ -864,15 +878,7 @@ def main():
                     + (f"  PROBLEMS: {'; '.join(r['problems'])}" if r["problems"] else ""))
         stop(echo.pid)
     finally:
-        for pid in list(OWNED):
-            stop(pid)
-        while True:   # orphans handed to this subreaper
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        subprocess.run(["rm", "-rf", "--", tmp], timeout=60)
+        clean_up(tmp)
 
     print(host)
     load = (f"bench/conn_rate, {C_CONNS} connections in flight" if C_CLIENT
