@@ -788,6 +788,61 @@ TEST_F(HandoverTest, AConnectionMidConnectStaysAndIsServedWhole) {
     EXPECT_TRUE(gone->cleanExit()) << gone->describe();
 }
 
+// A TLS ClientHello naming `name` (server_name alone), in one record: RFC 8446 4.1.2 and
+// RFC 6066 3, written out by hand.
+std::string clientHello(const std::string& name) {
+    auto be16 = [](size_t v) {
+        return std::string{static_cast<char>(v >> 8), static_cast<char>(v)};
+    };
+    const std::string sni = std::string("\x00", 1) + be16(name.size()) + name;  // host_name
+    const std::string server_name = be16(0) + be16(sni.size() + 2) + be16(sni.size()) + sni;
+    std::string body = std::string("\x03\x03", 2) + std::string(32, '\x5a') +
+                       std::string("\x00", 1) +                // no session id
+                       be16(2) + std::string("\x13\x01", 2) +  // TLS_AES_128_GCM_SHA256
+                       std::string("\x01\x00", 2) +            // no compression
+                       be16(server_name.size()) + server_name;
+    const std::string handshake =
+        std::string("\x01", 1) + std::string(1, '\0') + be16(body.size()) + body;
+    return std::string("\x16\x03\x01", 3) + be16(handshake.size()) + handshake;
+}
+
+// A connection whose ClientHello is half in when the upgrade comes is still being inspected:
+// it stays with the old relay, which routes it once the rest comes, and relays it whole.
+TEST_F(HandoverTest, AConnectionMidClientHelloStaysAndIsRoutedWhole) {
+    ScriptedUpstream echo(AF_INET, echoScript());
+    ASSERT_TRUE(echo.ok()) << echo.error();
+    RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
+    config.extra_yaml +=
+        "clusters:\n  - name: app\n    backends:\n      - {address: " + echo.hostPort() + "}\n";
+    config.listeners[0].omit_target = true;
+    config.listeners[0].extra_yaml =
+        "    routes:\n      - {name: hand, sni: [hand.example.test], cluster: app}\n"
+        "      - {cluster: app}\n";
+    RelayProcess old;
+    ASSERT_TRUE(old.start(config));
+    Connected c = connectTo(old.host(), old.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    const std::string hello = clientHello("hand.example.test");
+    const size_t half = hello.size() / 2;
+    ASSERT_TRUE(writeAll(c.fd.get(), hello.data(), half, kIo).ok());
+
+    RelayProcess next;
+    ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 0.0);
+    EXPECT_TRUE(old.running());
+    const std::string rest = hello.substr(half) + "and then some bytes";
+    ASSERT_TRUE(writeAll(c.fd.get(), rest.data(), rest.size(), kIo).ok());
+    std::string back(hello.size() + 19, '\0');
+    IoResult r = readExactly(c.fd.get(), back.data(), back.size(), kIo);
+    EXPECT_TRUE(r.ok()) << r.describe();
+    EXPECT_TRUE(back == hello + "and then some bytes") << "the echo differs";
+    EXPECT_EQ(endStream(c.fd.get(), kIo), "");
+    std::optional<ExitStatus> gone = old.waitExit(kIo);
+    ASSERT_TRUE(gone) << old.stderrText();
+    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+    next.terminate();
+}
+
 TEST_F(HandoverTest, AConnectionMidProxyHeaderStaysAndIsServedWhole) {
     RelayConfig config = handoverConfig(up_.hostPort(), "splice", socket_);
     config.listeners[0].extra_yaml = "    accept_proxy: true\n";
