@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -163,6 +164,12 @@ void HttpServer::handOver() {
     const uint64_t one = 1;
     ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
     (void)ignored;
+    // Until the thread has quiesced, a scrape that arrives could still be this process's to
+    // answer, with this process's counts, after the next relay said it was ready.
+    constexpr int64_t kHandOverWaitMs = 1000;
+    const int64_t deadline = monotonicMs() + kHandOverWaitMs;
+    while (!quiesced_.load() && thread_.joinable() && monotonicMs() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
 HttpServer::~HttpServer() {
@@ -192,6 +199,7 @@ void HttpServer::quiesce() {
     if (fd != MHD_INVALID_SOCKET) ::close(fd);
     listen_fd_ = -1;
     unix_path_.clear();  // the next relay removes the file when it stops
+    quiesced_.store(true);
     LOG_INFO("%s: handed over %s; answering the connections already open", name_.c_str(),
              address_.toString().c_str());
 }

@@ -127,7 +127,8 @@ class HttpServer {
     int listenFd() const { return listen_fd_; }
     // The next relay listens on the socket now: this one stops accepting (libmicrohttpd's
     // quiesce, on the server's thread), answers the connections it has, and leaves the socket
-    // file to its new owner. Returns at once; any thread.
+    // file to its new owner. Any thread; returns once the server's thread has stopped accepting
+    // (at most kHandOverWaitMs), so that a client that connects after it reaches the next relay.
     void handOver();
 
   private:
@@ -171,6 +172,7 @@ class HttpServer {
     int wake_fd_ = -1;  // eventfd: a stop (the destructor's) or a handOver() request
     std::atomic<bool> stopping_{false};
     std::atomic<bool> handing_over_{false};
+    std::atomic<bool> quiesced_{false};  // quiesce() is done: handOver() may return
     int listen_fd_ = -1;  // owned by libmicrohttpd until the hand-over
     // What the rate-limited log line has reported so far.
     std::array<uint64_t, idx(HttpReject::kCount)> reported_{};

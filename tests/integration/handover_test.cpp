@@ -443,8 +443,9 @@ TEST_F(HandoverTest, AnIperf3StreamKeepsGoingAcrossTheUpgrade) {
 }
 
 // The new relay takes no more than its fd budget has room for: with 400 open files (136
-// connections over 2 workers, less the 32 accepts they may have armed) it takes 104 of 150, and
-// the old relay keeps the rest. Every one of the 150 works, wherever it is.
+// connections over 2 workers, less the 32 accepts they may have armed: 104; fewer if its open
+// fds leave less) it takes some of 150, and the old relay keeps the rest. None is lost to an
+// fd that did not fit, and every one of the 150 works, wherever it is.
 TEST_F(HandoverTest, TheNewRelayTakesWhatItsFdBudgetHasRoomForAndTheRestStay) {
     constexpr int kIdle = 150;
     RelayProcess old;
@@ -455,7 +456,10 @@ TEST_F(HandoverTest, TheNewRelayTakesWhatItsFdBudgetHasRoomForAndTheRestStay) {
     RelayProcess next;
     next.setNofileLimit(400);
     ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
-    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 104.0) << next.stderrText();
+    const double taken = next.metric(kHandover, {{"result", "taken"}}).value_or(-1);
+    EXPECT_GT(taken, 50.0) << next.stderrText();
+    EXPECT_LE(taken, 104.0) << next.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "lost"}}), 0.0) << next.stderrText();
     EXPECT_TRUE(old.running()) << "the old relay left the connections it kept";
     int failed = 0;
     for (Fd& fd : idle) {

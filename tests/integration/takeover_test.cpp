@@ -404,15 +404,17 @@ TEST_F(AcceptQueue, ConnectionsQueuedAtTheHandOverAreAcceptedByTheNewRelay) {
     auto [failed, first] = exchangeEach(queued);
     EXPECT_EQ(failed, 0) << "the first: " << first;
     EXPECT_EQ(refusalsSince(counters), "");
-    // The new relay accepted what waited in the queues, and took over what the old one had
-    // accepted. As it stops, the old relay may accept a few more itself, at most one per
-    // accept it had armed (Acceptor::sweep, 16 per worker), and serve them: served they are.
+    // Every queued client was served (above), and the new relay accepted most of them from the
+    // very queues. Not an exact count: as it stops, the old relay may accept some itself (its
+    // sweep, Acceptor::sweep), and serves the clients that waited in it for an fd, which it
+    // keeps (not relaying yet); the split varies with timing, the sum does not.
     const double taken =
         next.metric(metricName(Metric::HandoverConnections), {{"result", "taken"}}).value_or(0);
     EXPECT_TRUE(next.waitForMetric(
-        metric::kConnectionsTotal, metric::listener(),
-        [&](double v) { return v + taken >= 200 - 2 * 16; }, "accepted what waited", kIo))
+        metric::kConnectionsTotal, metric::listener(), [](double v) { return v >= 100; },
+        "most of the queue accepted", kIo))
         << "taken over: " << taken;
+    EXPECT_EQ(up_.accepted(), 200u) << "every client reached the upstream";
     queued.clear();
     std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
     ASSERT_TRUE(gone);
