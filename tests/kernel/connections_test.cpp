@@ -27,12 +27,14 @@
 #include "clock.hpp"
 #include "config.hpp"
 #include "generation.hpp"
+#include "handover.hpp"
 #include "pipe_pool.hpp"
 #include "process_shared.hpp"
 #include "pump/copy_pump.hpp"
 #include "runtime.hpp"
 #include "stats.hpp"
 #include "support/loopback.hpp"
+#include "support/seqpacket_pair.hpp"
 #include "unique_fd.hpp"
 #include "uring/buf_ring.hpp"
 #include "uring/ring.hpp"
@@ -557,6 +559,31 @@ TEST(Connections, TheDrainDeadlineClosesWhatIsLeft) {
     ASSERT_TRUE(p.upstream);
     r.sweep(/*drain=*/true);
     EXPECT_EQ(r.closed(CloseReason::Drain), 1u);
+    ASSERT_TRUE(r.run([&] { return r.conns().live() == 0; }));
+    EXPECT_EQ(r.peerEnd(p.client.get()), IoStatus::Eof);
+}
+
+// Across a takeover: a connection that ends while it waits to cross (here the drain deadline,
+// its polls' cancels not yet back) counts out of the worker's handover, and the worker tells the
+// Outbound it is done, so the takeover's thread does not wait out its deadline for it.
+TEST(Connections, AConnectionEndingWhileItWaitsToCrossStillLetsTheWorkerFinish) {
+    Lifecycle r(Given{});
+    ASSERT_TRUE(r.ok());
+    Relayed p = relay(r);
+    ASSERT_TRUE(p.upstream);
+    test::SeqpacketPair channel;
+    handover::Acceptance takes;
+    takes.fds = 100;
+    takes.listeners = {"front"};
+    for (const ClusterRt& c : r.rt_->clusters)
+        for (const BackendRt& b : c.backends) takes.backends.push_back(c.config.name + "/" + b.key);
+    auto out =
+        std::make_shared<handover::Outbound>(std::move(channel.a), takes, 1, monotonicMs() + 5000);
+    r.conns().handOver(out);  // HandingOver: its polls' cancels are queued, not yet back
+    EXPECT_FALSE(out->waitForWorkers(monotonicMs())) << "done before its connection was";
+    r.sweep(/*drain=*/true);
+    EXPECT_EQ(r.closed(CloseReason::Drain), 1u);
+    EXPECT_TRUE(out->waitForWorkers(monotonicMs() + 100)) << "the worker never said it was done";
     ASSERT_TRUE(r.run([&] { return r.conns().live() == 0; }));
     EXPECT_EQ(r.peerEnd(p.client.get()), IoStatus::Eof);
 }
