@@ -319,10 +319,8 @@ TEST_F(HandoverTest, IdleConnectionsCrossEachStillWorksAndIsCountedOnce) {
     int failed = 0;
     std::string first;
     for (Fd& fd : idle) {
-        char back[4] = {};
-        IoResult w = writeAll(fd.get(), "ping", 4, kIo);
-        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
-        if ((!r.ok() || std::memcmp(back, "ping", 4) != 0) && failed++ == 0) first = r.describe();
+        IoResult r = echoBack(fd.get(), "ping", kIo);
+        if (!r.ok() && failed++ == 0) first = r.describe();
     }
     EXPECT_EQ(failed, 0) << "the first: " << first;
     idle.clear();
@@ -344,8 +342,7 @@ TEST_F(HandoverTest, TheOldRelayKilledMidwayLeavesEveryConnectionWorkingOrClosed
     // The kill lands when the first worker said it is done handing over, while the other may
     // still be sending; it may also land later: the case holds either way.
     std::thread killer([&] {
-        waitUntil([&] { return old.stderrText().find("handover: ") != std::string::npos; },
-                  Millis{20'000});
+        (void)old.waitForLog("handover: ", Millis{20'000});
         old.sendSignal(SIGKILL);
     });
     RelayProcess next;
@@ -356,10 +353,8 @@ TEST_F(HandoverTest, TheOldRelayKilledMidwayLeavesEveryConnectionWorkingOrClosed
     int works = 0, closed = 0, hung = 0;
     std::string first_hung;
     for (Fd& fd : idle) {
-        char back[4] = {};
-        IoResult w = writeAll(fd.get(), "ping", 4, Millis{5'000});
-        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, Millis{5'000}) : w;
-        if (r.ok() && std::memcmp(back, "ping", 4) == 0) {
+        IoResult r = echoBack(fd.get(), "ping", Millis{5'000});
+        if (r.ok()) {
             ++works;
         } else if (r.status == IoStatus::Eof || r.status == IoStatus::Reset) {
             ++closed;
@@ -462,12 +457,8 @@ TEST_F(HandoverTest, TheNewRelayTakesWhatItsFdBudgetHasRoomForAndTheRestStay) {
     EXPECT_EQ(next.metric(kHandover, {{"result", "lost"}}), 0.0) << next.stderrText();
     EXPECT_TRUE(old.running()) << "the old relay left the connections it kept";
     int failed = 0;
-    for (Fd& fd : idle) {
-        char back[4] = {};
-        IoResult w = writeAll(fd.get(), "ping", 4, kIo);
-        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
-        if (!r.ok() || std::memcmp(back, "ping", 4) != 0) ++failed;
-    }
+    for (Fd& fd : idle)
+        if (!echoBack(fd.get(), "ping", kIo).ok()) ++failed;
     EXPECT_EQ(failed, 0);
     idle.clear();
     std::optional<ExitStatus> gone = old.waitExit(kIo);

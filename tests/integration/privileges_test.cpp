@@ -287,12 +287,8 @@ TEST_F(Unprivileged, AccessLogReopenRefusedKeepsTheOldFileAndRelays) {
     RelayConfig same = singleListenerConfig(up_.hostPort(), "splice");
     same.extra_yaml = "user: nobody\naccess_log: {path: \"" + log + "\"}\n";
     ASSERT_TRUE(relay_.reload(same.yaml())) << relay_.diagnostics();
-    ASSERT_TRUE(waitUntil(
-        [&] {
-            return relay_.stderrText().find("access log: reopen " + log + ": Permission denied") !=
-                   std::string::npos;
-        },
-        kMetricTimeout))
+    ASSERT_TRUE(
+        relay_.waitForLog("access log: reopen " + log + ": Permission denied", kMetricTimeout))
         << relay_.diagnostics();
     ASSERT_NO_FATAL_FAILURE(expectEcho(relay_.host(), relay_.port(), 31, 64 * 1024));
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("done"), 1));

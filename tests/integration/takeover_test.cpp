@@ -283,10 +283,7 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
             << old.stderrText();
     }
     // The old relay stops accepting only now, and says so.
-    EXPECT_TRUE(waitUntil(
-        [&] { return old.stderrText().find("no longer accepting, draining") != std::string::npos; },
-        Millis{10'000}))
-        << old.stderrText();
+    EXPECT_TRUE(old.waitForLog("no longer accepting, draining"));
     // The load goes on: within a second the new relay has served some of it. (After the
     // hand-over the metrics port is the new relay's, whichever way it was started.)
     const size_t at_ready = load.total();
@@ -308,10 +305,7 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
     int idle_failed = 0;
     std::string first;
     for (Fd& fd : idle) {
-        const char ping[4] = {'p', 'i', 'n', 'g'};
-        char back[4] = {};
-        IoResult w = writeAll(fd.get(), ping, 4, kIo);
-        IoResult r = w.ok() ? readExactly(fd.get(), back, 4, kIo) : w;
+        IoResult r = echoBack(fd.get(), "ping", kIo);
         if (!r.ok() && idle_failed++ == 0) first = r.describe();
     }
     EXPECT_EQ(idle_failed, 0) << "the first: " << first;
@@ -382,10 +376,7 @@ class AcceptQueue : public TakeoverTest {
         int failed = 0;
         std::string first;
         for (Fd& fd : queued) {
-            const char out[3] = {'q', 'u', 'e'};
-            char in[3] = {};
-            IoResult w = writeAll(fd.get(), out, 3, kIo);
-            IoResult r = w.ok() ? readExactly(fd.get(), in, 3, kIo) : w;
+            IoResult r = echoBack(fd.get(), "que", kIo);
             if (!r.ok() && failed++ == 0) first = r.describe();
         }
         return {failed, first};
@@ -707,10 +698,7 @@ TEST_P(PrivilegedTakeover, ANobodyRelayUpgradesWhatItCan) {
         << old.stderrText();
     EXPECT_NE(old.stderrText().find("a takeover keeps every listener's mode"), std::string::npos)
         << old.stderrText();
-    EXPECT_TRUE(waitUntil(
-        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
-        Millis{10'000}))
-        << old.stderrText();
+    EXPECT_TRUE(old.waitForLog("exited with status 1"));
     EXPECT_EQ(old.metric(metric::kDatapathInfo, metric::datapath("sockmap")), 1.0);
     EXPECT_EQ(exchange(old.host(), old.port()), "");
     EXPECT_TRUE(old.running());
@@ -767,10 +755,7 @@ TEST_F(TakeoverTest, ANewProcessThatDiesOrCannotLoadItsConfigChangesNothing) {
     std::ofstream(old.configPath(), std::ios::trunc) << "listeners: [\n";
     ASSERT_TRUE(old.sendSignal(SIGUSR2));
     EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "failed"}}, 1.0));
-    EXPECT_TRUE(waitUntil(
-        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
-        Millis{10'000}))
-        << old.stderrText();
+    EXPECT_TRUE(old.waitForLog("exited with status 1"));
     EXPECT_NE(old.stderrText().find("zcrelay.yaml"), std::string::npos)
         << "the child's error names the file";
     EXPECT_EQ(exchange(old.host(), old.port()), "");
@@ -807,16 +792,11 @@ TEST_F(TakeoverTest, ADrainOrASecondUpgradeDuringATakeoverLeavesTheTakersSockets
     ASSERT_TRUE(old.sendSignal(SIGUSR2));
     EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "refused"}}, 1.0))
         << old.stderrText();
-    EXPECT_TRUE(waitUntil(
-        [&] { return old.stderrText().find("exited with status 1") != std::string::npos; },
-        Millis{10'000}))
-        << old.stderrText();
+    EXPECT_TRUE(old.waitForLog("exited with status 1"));
     EXPECT_EQ(loopbackListeners4(port), 2) << "the SIGUSR2 child bound sockets of its own";
 
     ASSERT_TRUE(old.sendSignal(SIGTERM));
-    ASSERT_TRUE(waitUntil(
-        [&] { return old.stderrText().find("draining 0 connections") != std::string::npos; },
-        Millis{10'000}));
+    ASSERT_TRUE(old.waitForLog("draining 0 connections"));
     // Still listening: a connection is queued on the taker's sockets, not refused.
     for (const takeover::HandedSocket& s : taken->sockets) {
         if (s.kind != "listener") continue;

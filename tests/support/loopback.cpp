@@ -346,6 +346,18 @@ IoResult readUntilEof(int fd, std::string& out, Millis timeout, size_t limit, Ca
         timeout, cancel);
 }
 
+IoResult echoBack(int fd, std::string_view bytes, Millis timeout) {
+    IoResult w = writeAll(fd, bytes.data(), bytes.size(), timeout);
+    if (!w.ok()) return w;
+    std::string back(bytes.size(), '\0');
+    IoResult r = readExactly(fd, back.data(), back.size(), timeout);
+    if (r.ok() && back != bytes) {
+        r.status = IoStatus::Error;
+        r.err = EBADMSG;
+    }
+    return r;
+}
+
 std::string endStream(int fd, Millis timeout) {
     ::shutdown(fd, SHUT_WR);
     std::string rest;

@@ -125,6 +125,10 @@ struct IoResult {
 // An optional flag that makes a blocked helper return IoStatus::Cancelled within ~100 ms.
 using CancelFlag = const std::atomic<bool>*;
 
+// `bytes` written to fd and as many read back, through an echo: Ok, or how it failed (a reply
+// that differs is Error, EBADMSG).
+IoResult echoBack(int fd, std::string_view bytes, Millis timeout = kDefaultIoTimeout);
+
 // A client's end of a stream: its FIN sent (shutdown SHUT_WR), then nothing more may come but
 // the peer's FIN. "" or what came instead.
 std::string endStream(int fd, Millis timeout = kDefaultIoTimeout);

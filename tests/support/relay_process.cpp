@@ -959,6 +959,14 @@ std::optional<int> RelayProcess::openFdCount() const {
     return n;
 }
 
+::testing::AssertionResult RelayProcess::waitForLog(const std::string& text, Millis timeout) const {
+    if (waitUntil([&] { return stderrText().find(text) != std::string::npos; }, timeout))
+        return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "the log never said \"" << text << "\" within " << timeout.count() << " ms:\n"
+           << stderrText();
+}
+
 ExitStatus RelayProcess::terminate(Millis timeout) {
     if (auto s = child_.status()) return *s;
     sendSignal(SIGTERM);

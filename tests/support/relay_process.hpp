@@ -409,6 +409,10 @@ class RelayProcess {
     std::optional<int> openFdCount() const;
     std::optional<long> rssKiB() const;
 
+    // Until the relay's log holds `text`; the failure quotes the log's tail.
+    ::testing::AssertionResult waitForLog(const std::string& text,
+                                          Millis timeout = Millis{10'000}) const;
+
     bool running() { return child_.running(); }
     bool sendSignal(int sig) { return child_.sendSignal(sig); }
     std::optional<ExitStatus> waitExit(Millis timeout) { return child_.waitExit(timeout); }
