@@ -28,6 +28,10 @@ struct zcr_link {
  *   - user space has not set stop (the connection reached max_connection_duration).
  * Otherwise it passes the skb: it stays on this socket (charged to its receive buffer, so the
  * TCP window closes) until user space moves it, in order, behind everything redirected. */
+/* Changes whenever a record's or a link's meaning changes: a relay adopts another's maps at a
+ * handover only if this (and both sizes) are the same in both builds (Sockmap::layout()). */
+#define ZCR_RECORD_LAYOUT 1
+
 #define ZCR_SKIPS 4 /* replayed stretches user space may have pending at once (a power of 2) */
 
 struct zcr_sock_stats {

@@ -93,5 +93,59 @@ TEST_P(SockmapTest, ADetachLeavesTheSocketsAlreadyInTheMapRedirecting) {
     EXPECT_EQ(inq(p->a.get()), 0u) << "A received bytes: the detach stopped the verdict";
 }
 
+// What a relay that adopts another's maps at a handover holds (Sockmap::adopt, from fds as
+// SCM_RIGHTS gives them): the same records, which it reads and writes as the loader did, and
+// the same SOCKHASH, from which it takes the sockets out once the loader is gone.
+TEST_P(SockmapTest, AnAdoptedMapSetIsTheLoadersRecordsAndSockets) {
+    Relayed* p = connectPair();
+    ASSERT_NE(p, nullptr);
+    constexpr uint32_t kRecord = 46;
+    PairSetUp s = setUpPair(*map_, p->conn, p->fds, kRecord, kUnbounded);
+    ASSERT_FALSE(s.fell_back) << label(s.reason);
+    expectRedirectedToU(*p);
+    auto adopted =
+        Sockmap::adopt({UniqueFd(::dup(map_->socksFd())), UniqueFd(::dup(map_->linksFd())),
+                        UniqueFd(::dup(map_->statsFd())), UniqueFd(::dup(map_->wakeLostFd()))},
+                       map_->rings(), map_->recordsPerWorker());
+    ASSERT_TRUE(adopted) << adopted.error();
+    Sockmap& next = **adopted;
+    ASSERT_TRUE(next.adoptRing(0, UniqueFd(::dup(map_->wakeRingFd(0)))));
+    EXPECT_EQ(next.capacity(), map_->capacity());
+    EXPECT_EQ(next.socksMapId(), map_->socksMapId());
+    EXPECT_EQ(loadRelaxed(next.record(kRecord).redirected), kHandedBytes);
+    const uint32_t id = map_->socksMapId();
+    map_->keepAttached();
+    map_.reset();
+
+    expectRedirectedToU(*p);
+    EXPECT_EQ(loadRelaxed(next.record(kRecord).redirected), 2 * kHandedBytes)
+        << "the program counts on in the records the adopter reads";
+    p->conn.map = &next;
+    tearDownPair(next, p->conn);
+    EXPECT_EQ(countKeys(id), 0) << "the adopter took both sockets out";
+}
+
+// Maps that are not what this build's program makes are refused, naming which.
+TEST_P(SockmapTest, AdoptingMapsOfAnotherShapeIsRefusedNamingTheMap) {
+    auto fd = [](int f) { return UniqueFd(::dup(f)); };
+    auto swapped = Sockmap::adopt(
+        {fd(map_->linksFd()), fd(map_->socksFd()), fd(map_->statsFd()), fd(map_->wakeLostFd())},
+        map_->rings(), map_->recordsPerWorker());
+    ASSERT_FALSE(swapped);
+    EXPECT_NE(swapped.error().find("the SOCKHASH"), std::string::npos) << swapped.error();
+    auto rings = Sockmap::adopt(
+        {fd(map_->socksFd()), fd(map_->linksFd()), fd(map_->statsFd()), fd(map_->wakeLostFd())},
+        map_->rings() + 1, map_->recordsPerWorker());
+    ASSERT_FALSE(rings);
+    EXPECT_NE(rings.error().find("wake-up counts"), std::string::npos) << rings.error();
+    auto good = Sockmap::adopt(
+        {fd(map_->socksFd()), fd(map_->linksFd()), fd(map_->statsFd()), fd(map_->wakeLostFd())},
+        map_->rings(), map_->recordsPerWorker());
+    ASSERT_TRUE(good) << good.error();
+    auto ring = (*good)->adoptRing(0, fd(map_->statsFd()));
+    ASSERT_FALSE(ring);
+    EXPECT_NE(ring.error().find("not a ring buffer"), std::string::npos) << ring.error();
+}
+
 }  // namespace
 }  // namespace zcrelay::sockmap_test
