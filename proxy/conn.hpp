@@ -102,6 +102,7 @@ struct Conn {
     uint8_t route = kNoRoute;          // index into the listener's routes, once inspected
     bool ending = false;               // max_connection_duration: both sides shut for reading
     bool lowat = false;                // SO_RCVLOWAT on the client raised (inspecting)
+    bool rested = false;               // HandingOver on sockmap: at rest, waiting for its ring
     Generation* gen = nullptr;         // the config generation it was accepted under
     uint64_t tried = 0;                // backends tried (bit i % 64)
     int64_t accepted_us = 0;           // wall clock at accept (access log)

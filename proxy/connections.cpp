@@ -88,9 +88,9 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
         case Op::Send:
         case Op::Barrier:
             if (c.state == ConnState::Relaying ||
-                (c.state == ConnState::HandingOver && c.dir[ud.dir].path() == DataPath::Copy)) {
-                // Handing over, a copy direction still sends what it holds (PumpPort::handing);
-                // a splice direction's polls just end.
+                (c.state == ConnState::HandingOver && c.dir[ud.dir].path() != DataPath::Splice)) {
+                // Handing over, a copy direction still sends what it holds, and a sockmap one
+                // finishes its step (PumpPort::handing); a splice direction's polls just end.
                 onPumpCompletion(c, ud.slot, ud.dir, ud.op, cqe->res, cqe->flags, ud.aux);
             } else if (cqe->flags & IORING_CQE_F_BUFFER) {
                 // A recv that completed as the connection closed: its buffer goes back.
@@ -105,7 +105,7 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             break;
     }
     if (c.state == ConnState::Closing && c.inflight == 0) freeConn(c, ud.slot);
-    if (c.state == ConnState::HandingOver && c.inflight == 0) sendHandOver(c, ud.slot);
+    if (c.state == ConnState::HandingOver && c.inflight == 0) rested(c, ud.slot);
 }
 
 bool Connections::accept(int fd, int32_t listener, const SocketAddress& peer) {
@@ -489,8 +489,11 @@ void Connections::retryStarved() {
     }
 }
 
-void Connections::onPathSignal(int res) {
-    paths_.onSignal(res, slots_used_, [this](uint32_t slot) { lookAtKernel(conn(slot), slot); });
+void Connections::onPathSignal(uint32_t ring, int res) {
+    paths_.onSignal(ring, res, slots_used_,
+                    [this](uint32_t slot) { lookAtKernel(conn(slot), slot); });
+    // Handing the ring over: its poll is back, and it may go now.
+    if (outbound_ && ring < ring_handoffs_.size()) tryRing(ring);
 }
 
 void Connections::lookAtKernel(Conn& c, uint32_t slot) {
@@ -524,6 +527,8 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     if (c.ending && reason == CloseReason::Done) reason = CloseReason::MaxDuration;
     const bool handing = c.state == ConnState::HandingOver;
     const bool relaying = c.state == ConnState::Relaying || handing;
+    // Handing over on sockmap: its ring waits for it unless it came to rest (rested()).
+    const int handing_ring = handing && !c.rested ? paths_.ringOf(c.paths) : -1;
     // What the kernel moved since the last tick is counted before the access log's record is
     // made: a connection reset within a tick of its last bytes logged only what the tick had
     // read (a psql session over TLS: 8 bytes up, 0 down), while the metrics had it all.
@@ -548,7 +553,10 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
             std::visit([&](auto& pump) { pump.abort(p, pumps_); }, c.dir[d].pump);
         }
     }
-    paths_.tearDown(c.paths, lstats(c));
+    if (reason == CloseReason::HandedOver)
+        paths_.handedOver(c.paths);  // its sockets stay in the maps, the next relay's now
+    else
+        paths_.tearDown(c.paths, lstats(c));
     if (reason == CloseReason::ClientReset || reason == CloseReason::UpstreamReset) {
         // Propagate the reset: SO_LINGER {1, 0} makes close() send RST, so the survivor's
         // peer learns at once that the stream broke instead of seeing a clean FIN.
@@ -583,6 +591,11 @@ void Connections::closeConn(Conn& c, uint32_t slot, CloseReason reason) {
     // the drain deadline); a sent one was counted already.
     if (handing && reason != CloseReason::HandedOver) {
         --handing_;
+        // A sockmap connection still on its way to rest: its ring waits for one fewer.
+        if (handing_ring >= 0) {
+            --ring_handoffs_[handing_ring].waiting;
+            tryRing(static_cast<uint32_t>(handing_ring));
+        }
         handedOne();
     }
 }

@@ -50,7 +50,7 @@ class Connections final : public Acceptor::Host {
     void sweep(bool drain_deadline, int64_t tick_ms);
     // The sockmap program signalled (Op::PathSignal): each connection it named looks at what
     // the kernel did (passed bytes to move, a stream marked broken).
-    void onPathSignal(int res);
+    void onPathSignal(uint32_t ring, int res);
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
     // The runtime API: every connection to the backend whose state is `backend` (connecting
@@ -132,8 +132,19 @@ class Connections final : public Acceptor::Host {
     void countClose(Conn& c, uint32_t slot, CloseReason reason);
     void logConnection(Conn& c, uint32_t slot, CloseReason reason);
     void freeConn(Conn& c, uint32_t slot);
-    // Whether c can cross (handOver): relaying, every direction on splice or copy, not ending.
+    // Whether c can cross (handOver): relaying, not ending, on a known backend; on sockmap,
+    // on a ring this worker reads.
     bool handable(const Conn& c) const;
+    // c (HandingOver) has nothing in flight: a splice or copy connection goes now, a sockmap
+    // one when its whole ring is at rest (tryRing).
+    void rested(Conn& c, uint32_t slot);
+    // Ring `ring` crosses once every connection on it is at rest and its poll is back: RING,
+    // then each connection's CONN.
+    void tryRing(uint32_t ring);
+    void sendRing(uint32_t ring);
+    // Every connection on `ring` that was HandingOver relays on here, and its poll is armed
+    // again: past the deadline, or when the ring could not be sent.
+    void keepRing(uint32_t ring, handover::Outcome why);
     // A connection that was HandingOver relays on here: its send failed, or a copy direction
     // could not pass on what it held in time. Its pumps arm their waits again.
     void resumeHere(Conn& c, uint32_t slot);
@@ -179,6 +190,15 @@ class Connections final : public Acceptor::Host {
     // by then stays here (the tick checks).
     int64_t handing_deadline_ms_ = 0;
     uint32_t handed_counts_[3] = {0, 0, 0};  // handed over, kept, failed: for the log line
+    // Per wake-up ring (Paths::rings()), while handing over: whether its connections cross, how
+    // many of them are not at rest yet, and the map set's id once the RING went.
+    struct RingHandOff {
+        bool crossing = false;
+        bool sent = false;
+        uint32_t waiting = 0;
+        uint32_t map_id = 0;
+    };
+    std::vector<RingHandOff> ring_handoffs_;
 };
 
 }  // namespace zcrelay

@@ -10,6 +10,7 @@
 #include "clock.hpp"
 #include "connections.hpp"
 #include "log.hpp"
+#include "sockmap.hpp"
 
 namespace zcrelay {
 namespace {
@@ -41,50 +42,146 @@ uint32_t fdsToSend(const Conn& c) {
 // ---- the relay that hands over ---------------------------------------------------------------
 
 bool Connections::handable(const Conn& c) const {
-    if (c.state != ConnState::Relaying || c.ending || c.paths.any()) return false;
+    if (c.state != ConnState::Relaying || c.ending) return false;
     if (c.backend < 0 || c.cluster == Conn::kNoCluster) return false;
-    return std::all_of(c.dir.begin(), c.dir.end(), [](const Direction& d) {
-        return d.path() == DataPath::Splice || d.path() == DataPath::Copy;
-    });
+    return !c.paths.any() || paths_.ringOf(c.paths) >= 0;
 }
 
 void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
     outbound_ = std::move(out);
     walking_ = true;
     handing_deadline_ms_ = now_ms_ + kHandingMs;
+    auto taken = [&](const Conn& c) {
+        return outbound_->takes(listenerConfig(c).name, clusterOf(c).config.name,
+                                clusterOf(c).backends[c.backend].key);
+    };
+    // Sockmap connections go by ring, all of a ring or none (handover.hpp): first, which rings
+    // can go whole, and room for their fds (each connection's two, the RING's five).
+    const uint32_t rings = paths_.rings();
+    ring_handoffs_.assign(rings, RingHandOff{});
+    std::vector<uint8_t> blocked(rings, outbound_->adoptsSockmap(Sockmap::layout()) ? 0 : 1);
+    std::vector<uint64_t> ring_fds(rings, handover::kRingFds);
+    std::vector<uint32_t> ring_conns(rings, 0);
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        const Conn& c = conn(slot);
+        if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
+        const int ring = paths_.ringOf(c.paths);
+        if (ring < 0) continue;
+        ring_fds[ring] += 2;
+        ++ring_conns[ring];
+        if (!handable(c) || !taken(c)) blocked[ring] = 1;
+    }
+    for (uint32_t r = 0; r < rings; ++r)
+        ring_handoffs_[r].crossing =
+            ring_conns[r] > 0 && !blocked[r] && outbound_->reserve(ring_fds[r]);
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {
         Conn& c = conn(slot);
         if (c.state == ConnState::Free || c.state == ConnState::Closing) continue;
-        if (!handable(c) ||
-            !outbound_->admits(listenerConfig(c).name, clusterOf(c).config.name,
-                               clusterOf(c).backends[c.backend].key, fdsToSend(c))) {
+        const int ring = paths_.ringOf(c.paths);
+        const bool goes = ring >= 0 ? ring_handoffs_[ring].crossing
+                                    : handable(c) && taken(c) && outbound_->reserve(fdsToSend(c));
+        if (!goes) {
             process_.handovers[idx(Outcome::Kept)].fetch_add(1);
             ++handed_counts_[1];
             continue;
         }
         enter(c, ConnState::HandingOver);
         ++handing_;
+        if (ring >= 0) ++ring_handoffs_[ring].waiting;
         if (c.inflight == 0) {
-            sendHandOver(c, slot);
+            rested(c, slot);
             continue;
         }
         // What waits to read (and the watches) is cancelled, by its user_data: a splice
         // direction's polls end -ECANCELED, or with the readiness they saw first, unheeded,
         // the bytes staying in the socket for the next relay. A copy direction's recv ends
         // too, or brings bytes it then sends on: its sends go on until it holds nothing
-        // (PumpPort::handing).
+        // (PumpPort::handing). A sockmap direction's watch and barrier timer end, and the step
+        // they were waiting for runs once more, arming nothing.
         for (uint8_t d = 0; d < 2; ++d) {
-            const bool copy = c.dir[d].path() == DataPath::Copy;
-            for (Op op : {copy ? Op::Recv : Op::PollIn, Op::Watch, Op::PollOut}) {
-                if (copy && op == Op::PollOut) continue;  // a send waiting for room goes on
+            const DataPath path = c.dir[d].path();
+            const Op read = path == DataPath::Splice    ? Op::PollIn
+                            : path == DataPath::Sockmap ? Op::Barrier
+                                                        : Op::Recv;
+            for (Op op : {read, Op::Watch, Op::PollOut}) {
+                if (path != DataPath::Splice && op == Op::PollOut) continue;  // a send goes on
                 io_uring_sqe* sqe = ring_.sqe();
                 io_uring_prep_cancel64(sqe, UserData{op, d, slot, c.generation}.pack(), 0);
                 io_uring_sqe_set_data64(sqe, UserData{}.pack());
             }
         }
     }
+    // A crossing ring's poll is cancelled: from here on no wake-up of it is read here.
+    for (uint32_t r = 0; r < rings; ++r) {
+        if (!ring_handoffs_[r].crossing) continue;
+        paths_.holdSignal(r);
+        tryRing(r);
+    }
     walking_ = false;
     if (handing_ == 0) handedOne();
+}
+
+void Connections::rested(Conn& c, uint32_t slot) {
+    const int ring = paths_.ringOf(c.paths);
+    if (ring < 0) {
+        sendHandOver(c, slot);
+        return;
+    }
+    c.rested = true;
+    --ring_handoffs_[ring].waiting;
+    tryRing(static_cast<uint32_t>(ring));
+}
+
+void Connections::tryRing(uint32_t ring) {
+    const RingHandOff& h = ring_handoffs_[ring];
+    if (!h.crossing || h.sent || h.waiting > 0 || !paths_.signalHeld(ring)) return;
+    sendRing(ring);
+}
+
+void Connections::sendRing(uint32_t ring) {
+    RingHandOff& h = ring_handoffs_[ring];
+    Sockmap& map = paths_.ringMap(ring);
+    handover::HandedRing m;
+    m.map_id = map.socksMapId();
+    m.rings = map.rings();
+    m.records_per_worker = map.recordsPerWorker();
+    m.ring = paths_.ringIndex(ring);
+    m.layout = Sockmap::layout();
+    const int fds[] = {map.socksFd(), map.linksFd(), map.statsFd(), map.wakeLostFd(),
+                       map.wakeRingFd(m.ring)};
+    static_assert(std::size(fds) == handover::kRingFds);
+    if (auto sent = outbound_->send(handover::toMessage(m), fds); !sent) {
+        if (handed_counts_[2]++ == 0)
+            LOG_WARN("handover: %s; this worker's connections not sent yet stay here",
+                     sent.error().c_str());
+        keepRing(ring, Outcome::Failed);
+        return;
+    }
+    h.sent = true;
+    h.map_id = m.map_id;
+    // The program stays attached when this relay exits: the next one relays these sockets.
+    map.keepAttached();
+    paths_.ringHandedOver(ring);
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state == ConnState::HandingOver && paths_.ringOf(c.paths) == static_cast<int>(ring))
+            sendHandOver(c, slot);
+    }
+}
+
+void Connections::keepRing(uint32_t ring, Outcome why) {
+    ring_handoffs_[ring].crossing = false;
+    for (uint32_t slot = 0; slot < slots_used_; ++slot) {
+        Conn& c = conn(slot);
+        if (c.state != ConnState::HandingOver || paths_.ringOf(c.paths) != static_cast<int>(ring))
+            continue;
+        --handing_;
+        process_.handovers[idx(why)].fetch_add(1);
+        ++handed_counts_[why == Outcome::Failed ? 2 : 1];
+        resumeHere(c, slot);
+    }
+    paths_.releaseSignal(ring);
+    if (handing_ == 0 && !walking_) handedOne();
 }
 
 void Connections::sendHandOver(Conn& c, uint32_t slot) {
@@ -107,10 +204,17 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
     fds[n++] = c.fd[1];
     bool whole = true;
     for (int d = 0; d < 2; ++d) {
+        // What the kernel moved so far is in the bytes, and the pump's count of it goes along.
+        if (uint64_t k =
+                std::visit([&](auto& pump) { return pump.kernelBytes(pumps_); }, c.dir[d].pump))
+            addBytes(c, d, k);
         h.bytes[d] = c.bytes[d];
         if (const auto* copy = std::get_if<CopyPump>(&c.dir[d].pump)) {
             whole = whole && copy->empty();
             h.dir[d] = copy->resting();
+        } else if (const auto* kernel = std::get_if<SockmapPump>(&c.dir[d].pump)) {
+            whole = whole && kernel->empty();
+            h.dir[d] = kernel->resting();
         } else {
             const SplicePump& pump = std::get<SplicePump>(c.dir[d].pump);
             h.dir[d] = pump.resting();
@@ -120,6 +224,16 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
             }
         }
         h.dir[d].finished = c.dir[d].finished;
+    }
+    if (const int ring = paths_.ringOf(c.paths); ring >= 0) {
+        const SockmapPair& pair = c.paths.sockmap;
+        h.pair.map_id = ring_handoffs_[ring].map_id;
+        h.pair.record = pair.record;
+        for (int i = 0; i < 2; ++i) {
+            h.pair.linked[i] = pair.linked[i];
+            h.pair.in_map[i] = pair.in_map[i];
+        }
+        h.pair.promoted = c.paths.promoted;
     }
     if (!whole) {
         // Nothing in flight, yet bytes held: never so (a send is armed while any are).
@@ -131,7 +245,7 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
         return;
     }
     --handing_;
-    if (auto sent = outbound_->send(h, {fds, n}); sent) {
+    if (auto sent = outbound_->send(handover::toMessage(h), {fds, n}); sent) {
         // The next relay has its own fds of the sockets and pipes now: closing ours sends no
         // FIN, and the pipe's bytes stay in it (abort() discards our ends).
         process_.handovers[idx(Outcome::HandedOver)].fetch_add(1);
@@ -143,27 +257,38 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
                      sent.error().c_str());
         process_.handovers[idx(Outcome::Failed)].fetch_add(1);
         resumeHere(c, slot);
+        // Its ring crossed already: this relay reads it again for what stays.
+        if (int ring = paths_.ringOf(c.paths); ring >= 0) paths_.takeBack(ring);
     }
     if (handing_ == 0 && !walking_) handedOne();
 }
 
 void Connections::resumeHere(Conn& c, uint32_t slot) {
+    c.rested = false;
     enter(c, ConnState::Relaying);
     rearm(c, slot);
 }
 
 void Connections::rearm(Conn& c, uint32_t slot) {
     for (int d = 0; d < 2 && c.state == ConnState::Relaying; ++d) {
-        if (c.dir[d].finished) continue;
+        // A finished sockmap direction still watches its source for an RST (sockmap_pump.hpp).
+        auto* kernel = std::get_if<SockmapPump>(&c.dir[d].pump);
+        if (c.dir[d].finished && kernel == nullptr) continue;
         PumpPort p = port(c, slot, d);
         if (auto* copy = std::get_if<CopyPump>(&c.dir[d].pump))
             apply(c, slot, d, copy->start(p, pumps_));
+        else if (kernel != nullptr)
+            apply(c, slot, d, kernel->restart(p, pumps_));
         else
             apply(c, slot, d, std::get<SplicePump>(c.dir[d].pump).restart(p, pumps_));
     }
 }
 
 void Connections::keepHere(Conn& c, uint32_t slot) {
+    if (int ring = paths_.ringOf(c.paths); ring >= 0 && c.state == ConnState::HandingOver) {
+        keepRing(static_cast<uint32_t>(ring), Outcome::Kept);  // a ring stays whole
+        return;
+    }
     if (c.state == ConnState::HandingOver) --handing_;
     process_.handovers[idx(Outcome::Kept)].fetch_add(1);
     ++handed_counts_[1];
@@ -174,6 +299,7 @@ void Connections::keepHere(Conn& c, uint32_t slot) {
 void Connections::endHandOver() {
     if (!outbound_) return;
     handing_ = 0;
+    ring_handoffs_.clear();
     walking_ = false;
     handedOne();
 }
@@ -184,6 +310,7 @@ void Connections::handedOne() {
              handed_counts_[0], handed_counts_[1], handed_counts_[2]);
     outbound_->workerDone();
     outbound_.reset();
+    ring_handoffs_.clear();
 }
 
 // ---- the relay that adopts -------------------------------------------------------------------
@@ -210,6 +337,24 @@ void Connections::adopt(handover::HandedConn& h) {
         route = indexOf(rt.listeners[li].routes,
                         [&](const RouteRt& r) { return r.config.name == h.route; });
         if (route < 0) return lost("no such route here");
+    }
+    // On sockmap: its sockets are in the maps it came with, whose ring this worker reads.
+    SockmapPair pair;
+    if (h.pair.map_id != 0) {
+        if (h.map == nullptr) return lost("the sockmap maps it is in did not come");
+        pair.map = h.map;
+        pair.record = h.pair.record;
+        for (int i = 0; i < 2; ++i) {
+            pair.linked[i] = h.pair.linked[i];
+            pair.in_map[i] = h.pair.in_map[i];
+            auto cookie = socketCookie(i == 0 ? h.client_fd.get() : h.upstream_fd.get());
+            if (!cookie) return lost("a socket without its cookie");
+            pair.cookie[i] = *cookie;
+        }
+        if (pair.record + 1 >= h.map->capacity()) return lost("a record past the maps' end");
+        PathState probe;
+        probe.sockmap = pair;
+        if (paths_.ringOf(probe) < 0) return lost("its wake-up ring is not read here");
     }
     const uint32_t slot = allocConn();
     if (slot == UINT32_MAX) return lost("no connection slot left");
@@ -240,9 +385,15 @@ void Connections::adopt(handover::HandedConn& h) {
     acceptor_.adopted(c);
     upstream_.adopted(c);
     loops_.remember(process_.loops, slot, c.fd[1], clusterOf(c), c.backend);
+    c.paths.sockmap = pair;
+    c.paths.promoted = h.pair.promoted;
+    paths_.adopt(c.paths, slot);
     for (int d = 0; d < 2; ++d) {
         c.bytes[d] = h.bytes[d];
-        if (h.dir[d].copy) {
+        if (h.dir[d].sockmap && pair.map != nullptr) {
+            c.dir[d].pump.emplace<SockmapPump>(
+                SockmapPump::adopted(*pair.map, pair.record, static_cast<uint8_t>(d), h.dir[d]));
+        } else if (h.dir[d].copy) {
             // It held no bytes when it crossed: a fresh copy direction, its watch's FIN kept.
             SourceWatch watch;
             watch.hup = h.dir[d].hup;

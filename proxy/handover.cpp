@@ -30,6 +30,58 @@ bool readNumber(const takeover::Message& m, const char* key, uint64_t& out,
 
 std::string dirKey(const char* name, int d) { return name + std::to_string(d); }
 
+std::string bits(const bool (&b)[2]) { return std::string{b[0] ? '1' : '0', b[1] ? '1' : '0'}; }
+
+bool readBits(const std::string& text, bool (&b)[2]) {
+    if (text.size() != 2) return false;
+    for (int i = 0; i < 2; ++i) {
+        if (text[i] != '0' && text[i] != '1') return false;
+        b[i] = text[i] == '1';
+    }
+    return true;
+}
+
+// A sockmap direction's state at rest: its fields in order, comma-separated.
+std::string sockmapText(const SockmapResting& k) {
+    std::string t;
+    for (uint64_t v :
+         {uint64_t{k.phase}, uint64_t{k.stopped}, uint64_t{k.src_skipped}, uint64_t{k.dst_extra},
+          k.dst_before, k.seen, k.taken, k.end_passed, k.consumed, k.copied}) {
+        if (!t.empty()) t += ',';
+        t += number(v);
+    }
+    return t;
+}
+
+bool readSockmap(const std::string& text, SockmapResting& k) {
+    uint64_t v[10];
+    size_t n = 0, at = 0;
+    while (n < std::size(v)) {
+        const size_t comma = text.find(',', at);
+        const std::string part = text.substr(at, comma == std::string::npos ? comma : comma - at);
+        if (part.empty() || part.size() > 20 || part[0] == '-') return false;
+        char* end = nullptr;
+        errno = 0;
+        v[n++] = std::strtoull(part.c_str(), &end, 10);
+        if (*end != '\0' || errno != 0) return false;
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+    }
+    if (n != std::size(v) || v[0] > UINT8_MAX || v[1] > 1 || v[2] > UINT32_MAX || v[3] > UINT32_MAX)
+        return false;
+    k = {static_cast<uint8_t>(v[0]),
+         v[1] != 0,
+         static_cast<uint32_t>(v[2]),
+         static_cast<uint32_t>(v[3]),
+         v[4],
+         v[5],
+         v[6],
+         v[7],
+         v[8],
+         v[9]};
+    return true;
+}
+
 }  // namespace
 
 takeover::Message toMessage(const HandedConn& h) {
@@ -52,6 +104,14 @@ takeover::Message toMessage(const HandedConn& h) {
         if (dir.hup) m.set(dirKey("hup", d), "1");
         if (dir.in_pipe > 0) m.set(dirKey("pipe", d), number(dir.in_pipe));
         if (dir.copy) m.set(dirKey("copy", d), "1");
+        if (dir.sockmap) m.set(dirKey("sm", d), sockmapText(dir.kernel));
+    }
+    if (h.pair.map_id != 0) {
+        m.set("map", number(h.pair.map_id))
+            .set("record", number(h.pair.record))
+            .set("linked", bits(h.pair.linked))
+            .set("in", bits(h.pair.in_map));
+        if (h.pair.promoted) m.set("promoted", "1");
     }
     return m;
 }
@@ -101,7 +161,24 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
         dir.in_pipe = static_cast<uint32_t>(in_pipe);
         if (dir.copy && dir.in_pipe > 0) return bad("a copy direction with a pipe");
         if (dir.in_pipe > 0) fds_wanted += 2;
+        const std::string sm = m.get(dirKey("sm", d));
+        dir.sockmap = !sm.empty();
+        if (dir.sockmap && !readSockmap(sm, dir.kernel)) return bad("a bad sm" + std::to_string(d));
+        if (dir.sockmap && (dir.copy || dir.in_pipe > 0))
+            return bad("a sockmap direction with a pipe or on copy");
     }
+    if (!m.get("map").empty()) {
+        uint64_t id = 0, record = 0;
+        if (!readNumber(m, "map", id, UINT32_MAX) || id == 0 ||
+            !readNumber(m, "record", record, UINT32_MAX - 1) ||
+            !readBits(m.get("linked"), h.pair.linked) || !readBits(m.get("in"), h.pair.in_map))
+            return bad("a bad sockmap pair");
+        h.pair.map_id = static_cast<uint32_t>(id);
+        h.pair.record = static_cast<uint32_t>(record);
+        h.pair.promoted = m.get("promoted") == "1";
+    }
+    if ((h.dir[0].sockmap || h.dir[1].sockmap) && h.pair.map_id == 0)
+        return bad("a sockmap direction without its pair");
     if (m.fds.size() != fds_wanted)
         return bad(std::to_string(m.fds.size()) + " fds came, " + std::to_string(fds_wanted) +
                    " expected");
@@ -113,6 +190,36 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
         h.pipe_read[d] = std::move(m.fds[at++]);
         h.pipe_write[d] = std::move(m.fds[at++]);
     }
+    return h;
+}
+
+takeover::Message toMessage(const HandedRing& h) {
+    takeover::Message m("RING");
+    m.set("map", number(h.map_id))
+        .set("rings", number(h.rings))
+        .set("rpw", number(h.records_per_worker))
+        .set("ring", number(h.ring))
+        .set("layout", h.layout);
+    return m;
+}
+
+tl::expected<HandedRing, std::string> ringFromMessage(takeover::Message& m) {
+    if (m.verb != "RING") return tl::unexpected("expected RING, got " + m.line());
+    HandedRing h;
+    uint64_t id = 0, rings = 0, rpw = 0, ring = 0;
+    if (!readNumber(m, "map", id, UINT32_MAX) || id == 0 || !readNumber(m, "rings", rings, 4096) ||
+        rings == 0 || !readNumber(m, "rpw", rpw, UINT32_MAX) || rpw == 0 ||
+        !readNumber(m, "ring", ring, rings - 1))
+        return tl::unexpected("RING: a missing or bad number: " + m.line());
+    h.map_id = static_cast<uint32_t>(id);
+    h.rings = static_cast<uint32_t>(rings);
+    h.records_per_worker = static_cast<uint32_t>(rpw);
+    h.ring = static_cast<uint32_t>(ring);
+    h.layout = m.get("layout");
+    if (m.fds.size() != kRingFds)
+        return tl::unexpected("RING map=" + m.get("map") + ": " + std::to_string(m.fds.size()) +
+                              " fds came, " + std::to_string(kRingFds) + " expected");
+    for (size_t i = 0; i < kRingFds; ++i) h.fds[i] = std::move(m.fds[i]);
     return h;
 }
 
@@ -128,6 +235,7 @@ void Acceptance::addTo(takeover::Message& m) const {
     m.set("fds", number(fds));
     for (const std::string& l : listeners) m.set("listener", l);
     for (const std::string& b : backends) m.set("backend", b);
+    if (!sockmap.empty()) m.set("sockmap", sockmap);
 }
 
 Acceptance Acceptance::from(const takeover::Message& m) {
@@ -135,6 +243,7 @@ Acceptance Acceptance::from(const takeover::Message& m) {
     if (!readNumber(m, "fds", a.fds)) a.fds = 0;
     a.listeners = m.all("listener");
     a.backends = m.all("backend");
+    a.sockmap = m.get("sockmap");
     return a;
 }
 
@@ -147,17 +256,17 @@ Outbound::Outbound(UniqueFd channel, Acceptance accepts, unsigned workers, int64
       fds_left_(static_cast<int64_t>(std::min<uint64_t>(accepts_.fds, INT64_MAX))),
       workers_left_(workers) {}
 
-bool Outbound::admits(const std::string& listener, const std::string& cluster,
-                      const std::string& backend, uint32_t fds) {
-    if (failed_.load() || !accepts_.takes(listener, cluster, backend)) return false;
-    if (fds_left_.fetch_sub(fds) >= fds) return true;
-    fds_left_.fetch_add(fds);
+bool Outbound::reserve(uint64_t fds) {
+    const auto n = static_cast<int64_t>(std::min<uint64_t>(fds, INT64_MAX / 2));
+    if (fds_left_.fetch_sub(n) >= n) return true;
+    fds_left_.fetch_add(n);
     return false;
 }
 
-tl::expected<void, std::string> Outbound::send(const HandedConn& h, std::span<const int> fds) {
+tl::expected<void, std::string> Outbound::send(const takeover::Message& m,
+                                               std::span<const int> fds) {
     if (failed_.load()) return tl::unexpected(std::string("an earlier send failed"));
-    auto sent = takeover::send(channel_.get(), toMessage(h), deadline_ms_, fds);
+    auto sent = takeover::send(channel_.get(), m, deadline_ms_, fds);
     if (!sent) failed_.store(true);
     return sent;
 }

@@ -336,11 +336,11 @@ int main(int argc, char** argv) {
     const bool took_over = taking.taken.has_value();
     if (took_over) {
         Server& relay = **server;
-        LOG_INFO("takeover: %s", takeover::sayReady(*taking.taken, relay.acceptance(),
-                                                    [&](std::optional<handover::HandedConn> conn) {
-                                                        relay.adopt(std::move(conn));
-                                                    })
-                                     .c_str());
+        const std::string said = takeover::sayReady(
+            *taking.taken, relay.acceptance(),
+            [&](std::optional<handover::HandedConn> conn) { relay.adopt(std::move(conn)); },
+            [&](handover::HandedRing ring) { relay.adoptRing(std::move(ring)); });
+        LOG_INFO("takeover: %s", said.c_str());
         process.takeovers[takeoverResult("taken_over")].fetch_add(1);
         taking.taken.reset();
     } else if (taking.fallback) {

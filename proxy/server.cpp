@@ -547,6 +547,8 @@ handover::Acceptance Server::acceptance() const {
     for (const ListenerRt& l : rt->listeners) a.listeners.push_back(l.config.name);
     for (const ClusterRt& c : rt->clusters)
         for (const BackendRt& b : c.backends) a.backends.push_back(c.config.name + "/" + b.key);
+    // Adopting sockmap maps needs no program of its own, nor privileges: their fds are enough.
+    a.sockmap = Sockmap::layout();
     return a;
 }
 
@@ -555,7 +557,60 @@ void Server::adopt(std::optional<handover::HandedConn> conn) {
         process_.handovers[idx(handover::Outcome::Lost)].fetch_add(1);
         return;
     }
-    workers_[next_adopter_++ % workers_.size()]->adopt(std::move(*conn));
+    if (conn->pair.map_id == 0) {
+        workers_[next_adopter_++ % workers_.size()]->adopt(std::move(*conn));
+        return;
+    }
+    // On sockmap: to the worker that reads its ring. A connection whose maps or ring did not
+    // come goes to any worker, which finds it without them and counts it lost.
+    size_t worker = next_adopter_ % workers_.size();
+    if (auto m = adopted_maps_.find(conn->pair.map_id); m != adopted_maps_.end()) {
+        conn->map = m->second.get();
+        auto r = ring_readers_.find({conn->pair.map_id, conn->map->ringOf(conn->pair.record)});
+        if (r != ring_readers_.end()) worker = r->second;
+    }
+    workers_[worker]->adopt(std::move(*conn));
+}
+
+void Server::adoptRing(handover::HandedRing ring) {
+    if (workers_.empty()) return;
+    auto m = adopted_maps_.find(ring.map_id);
+    if (m == adopted_maps_.end()) {
+        if (ring.layout != Sockmap::layout()) {
+            LOG_ERROR(
+                "takeover: sockmap maps %u have record layout %s, this build %s; their "
+                "connections are lost",
+                ring.map_id, ring.layout.c_str(), Sockmap::layout().c_str());
+            return;
+        }
+        auto adopted = Sockmap::adopt({std::move(ring.fds[0]), std::move(ring.fds[1]),
+                                       std::move(ring.fds[2]), std::move(ring.fds[3])},
+                                      ring.rings, ring.records_per_worker);
+        if (!adopted) {
+            LOG_ERROR(
+                "takeover: sockmap maps %u cannot be adopted: %s; their connections are "
+                "lost",
+                ring.map_id, adopted.error().c_str());
+            return;
+        }
+        if ((*adopted)->socksMapId() != ring.map_id) {
+            LOG_ERROR("takeover: sockmap maps said to be %u are %u; their connections are lost",
+                      ring.map_id, (*adopted)->socksMapId());
+            return;
+        }
+        m = adopted_maps_.emplace(ring.map_id, std::move(*adopted)).first;
+        LOG_INFO("takeover: adopted sockmap maps %u (%u records, %u rings)", ring.map_id,
+                 m->second->capacity(), m->second->rings());
+    }
+    if (auto taken = m->second->adoptRing(ring.ring, std::move(ring.fds[4])); !taken) {
+        LOG_ERROR("takeover: sockmap maps %u: %s; its connections are lost", ring.map_id,
+                  taken.error().c_str());
+        return;
+    }
+    // Each ring to one worker, the rings spread over the workers in turn.
+    const size_t worker = next_adopter_++ % workers_.size();
+    ring_readers_[{ring.map_id, ring.ring}] = worker;
+    workers_[worker]->adoptRing(*m->second, ring.ring);
 }
 
 void Server::drain() {

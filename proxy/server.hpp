@@ -23,6 +23,7 @@
 //          sockets the running one handed it (StartWith) and binds only the rest; the running
 //          one's giver offers a dup of every listening socket, and once the new one is ready
 //          the hand-over drains this one without shutting any socket down.
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -79,6 +80,9 @@ class Server {
     // counted lost).
     handover::Acceptance acceptance() const;
     void adopt(std::optional<handover::HandedConn> conn);
+    // A RING that came: its map set adopted (once per set), its ring given to a worker, which
+    // also gets every connection on it.
+    void adoptRing(handover::HandedRing ring);
     // "" when fine, else why: /healthz (a worker died) and /readyz (draining, or a listener
     // with no backend up). Any thread.
     std::string unhealthy() const;
@@ -141,6 +145,11 @@ class Server {
     ProcessShared process_;
     std::unique_ptr<AccessLog> access_log_;  // outlives the workers (declared before them)
     std::unique_ptr<Sockmap> sockmap_;       // outlives the workers (declared before them)
+    // Map sets adopted with sockmap connections at a takeover, by their SOCKHASH's id, and
+    // which worker reads each of their rings (adoptRing). Written by the thread that takes the
+    // connections in, before any worker relays them; kept until the process exits.
+    std::map<uint32_t, std::unique_ptr<Sockmap>> adopted_maps_;
+    std::map<std::pair<uint32_t, uint32_t>, size_t> ring_readers_;
     std::vector<std::unique_ptr<Worker>> workers_;
     uint32_t per_worker_ = 0;    // each worker's share of the fd budget, in connections
     uint64_t reserved_fds_ = 0;  // the fds the budget keeps for what is not a connection

@@ -164,7 +164,8 @@ tl::expected<Taken, TakeError> take(UniqueFd channel) {
 }
 
 std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
-                     const std::function<void(std::optional<handover::HandedConn>)>& adopt) {
+                     const std::function<void(std::optional<handover::HandedConn>)>& adopt,
+                     const std::function<void(handover::HandedRing)>& adopt_ring) {
     Message ready("READY");
     ready.set("pid", std::to_string(::getpid()));
     if (taken.version >= 2) accepts.addTo(ready);
@@ -185,6 +186,16 @@ std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
                 "open-file limit); it is lost",
                 static_cast<int>(taken.giver));
             adopt(std::nullopt);
+            continue;
+        }
+        if (done && done->verb == "RING") {
+            // Its connections follow; without it they come unusable, and are counted so.
+            auto ring = handover::ringFromMessage(*done);
+            if (ring)
+                adopt_ring(std::move(*ring));
+            else
+                LOG_ERROR("takeover: a wake-up ring from pid %d came unusable: %s",
+                          static_cast<int>(taken.giver), ring.error().c_str());
             continue;
         }
         if (!done || done->verb != "CONN") break;

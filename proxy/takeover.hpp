@@ -18,10 +18,12 @@
 //   giver  SOCKET kind=K listen=A bound=B [name=L] [held=systemd]  + fd    N times
 //   giver  END
 //          the taker starts: binds what it was not given, loads what it needs, starts workers
-//   taker  READY pid=P [fds=N listener=L... backend=C/K...]   (or ABORT reason=..., or it dies)
+//   taker  READY pid=P [fds=N listener=L... backend=C/K... sockmap=LAYOUT]
+//                                                        (or ABORT reason=..., or it dies)
 //          the giver stops accepting (closes its copies without shutdown) and drains; in
 //          version 2 its workers first hand over the connections the taker can take:
-//   giver  CONN ...  + fds                                  (handover.hpp), any number
+//   giver  CONN ...  + fds                                  (handover.hpp), any number,
+//          each sockmap one after the RING of its wake-up ring: RING ... + fds
 //   giver  DONE
 // V is the highest version both speak. Version 1 (no CONN, READY without what the taker takes)
 // is spoken still, to and from a relay that knows no more: its connections drain as before.
@@ -97,10 +99,12 @@ tl::expected<UniqueFd, TakeError> connectTo(const std::string& path);
 // HELLO to END: the sockets, or why not.
 tl::expected<Taken, TakeError> take(UniqueFd channel);
 // The taker is ready: READY (saying what it can take, `accepts`), then hands every connection
-// that comes to `adopt` (which counts it, taken or lost: nullopt when it came unusable) until the giver's DONE, each awaited
-// within a bound. The text to log.
+// that comes to `adopt` (which counts it, taken or lost: nullopt when it came unusable), and
+// every RING to `adopt_ring`, until the giver's DONE, each awaited within a bound. The text to
+// log.
 std::string sayReady(Taken& taken, const handover::Acceptance& accepts,
-                     const std::function<void(std::optional<handover::HandedConn>)>& adopt);
+                     const std::function<void(std::optional<handover::HandedConn>)>& adopt,
+                     const std::function<void(handover::HandedRing)>& adopt_ring);
 // The taker failed to start: ABORT with `why`, so the giver logs it and serves on.
 void sayAborted(Taken& taken, const std::string& why);
 

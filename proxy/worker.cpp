@@ -128,7 +128,7 @@ Result<void> Worker::setUp() {
     int ceiling = static_cast<int>(std::min<rlim_t>(nofile.rlim_cur, INT32_MAX) - kPipeFdHeadroom);
     pipes_ = std::make_unique<PipePool>(pipes, ceiling, stats_);
     holds_ = std::make_unique<ZerocopyHolds>(kWorkerHolds);
-    pumps_.reset(new PumpEnv{*bufs_, *pipes_, sockmap_, stats_, ring_->probeSendZc(), *holds_});
+    pumps_.reset(new PumpEnv{*bufs_, *pipes_, stats_, ring_->probeSendZc(), *holds_});
     if (id_ == 0 && !pumps_->send_zc.op && wantsZerocopy(config))
         LOG_WARN("send_zerocopy: this kernel has no IORING_OP_SEND_ZC (Linux 6.0): plain sends");
     paths_ = std::make_unique<Paths>(*ring_, sockmap_, sockmap_base_, max_conns_, stats_, id_);
@@ -188,7 +188,7 @@ void Worker::dispatch(const io_uring_cqe* cqe) {
             onTick();
             return;
         case Op::PathSignal:
-            conns_->onPathSignal(cqe->res);
+            conns_->onPathSignal(ud.slot, cqe->res);
             return;
         case Op::Accept:
             acceptor_->onAccept(ud.slot, ud.aux, cqe->res, now_ms_);
@@ -241,10 +241,19 @@ void Worker::onWake() {
     }
     if (cmds & kCmdAdopt) {
         std::vector<handover::HandedConn> conns;
+        std::vector<std::pair<Sockmap*, uint32_t>> rings;
         {
             std::lock_guard lock(reload_mutex_);
             conns.swap(adopting_);
+            rings.swap(adopting_rings_);
         }
+        // The rings first: a connection on one is lost unless this worker reads it.
+        for (auto [map, index] : rings)
+            if (auto ring = paths_->adoptRing(*map, index); !ring)
+                LOG_ERROR(
+                    "handover: wake-up ring %u of sockmap maps adopted: %s; its "
+                    "connections are lost",
+                    index, ring.error().message().c_str());
         for (handover::HandedConn& c : conns) conns_->adopt(c);
     }
     if (draining_ && now_ms_ >= drain_deadline_ms_) conns_->sweep(true, tick_ms_);
@@ -266,6 +275,14 @@ void Worker::handOver(std::shared_ptr<handover::Outbound> out) {
         pending_handover_ = std::move(out);
     }
     post(kCmdHandOver);
+}
+
+void Worker::adoptRing(Sockmap& map, uint32_t index) {
+    {
+        std::lock_guard lock(reload_mutex_);
+        adopting_rings_.emplace_back(&map, index);
+    }
+    post(kCmdAdopt);
 }
 
 void Worker::adopt(handover::HandedConn conn) {

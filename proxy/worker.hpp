@@ -67,6 +67,9 @@ class Worker {
     void handOver(std::shared_ptr<handover::Outbound> out);
     // A connection the previous relay handed over, to relay from here on.
     void adopt(handover::HandedConn conn);
+    // A wake-up ring of adopted sockmap maps (Server::adoptRing), read from now on: before the
+    // connections on it that come next.
+    void adoptRing(Sockmap& map, uint32_t index);
     // The generation this worker runs now (any thread): reload() is done when it reaches rt's.
     uint64_t appliedGeneration() const { return applied_generation_.load(); }
     void join();
@@ -115,6 +118,7 @@ class Worker {
     std::vector<std::shared_ptr<BackendState>> pending_ends_;  // endConnectionsOf()
     std::shared_ptr<handover::Outbound> pending_handover_;     // handOver()
     std::vector<handover::HandedConn> adopting_;               // adopt()
+    std::vector<std::pair<Sockmap*, uint32_t>> adopting_rings_;  // adoptRing()
 
     // Owned by the worker thread from here on.
     Generations generations_;

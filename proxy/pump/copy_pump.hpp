@@ -181,6 +181,7 @@ class CopyPump {
     void pollOutDone() { poll_out_ = false; }
 
     SourceWatch& watch() { return watch_; }
+    const SourceWatch& watch() const { return watch_; }
     bool eof() const { return eof_; }
     // Handover (handover.hpp): nothing held, nothing armed, no buffer lent to a zero-copy send:
     // the direction is all in the kernel, and crosses as its flags.

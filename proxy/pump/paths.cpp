@@ -40,15 +40,27 @@ Paths::Paths(Ring& ring, Sockmap* sockmap, uint32_t base, uint32_t max_conns, Wo
 
 Result<void> Paths::startSignal() {
     if (sockmap_ == nullptr) return {};
-    wake_ring_ = ring_buffer__new(sockmap_->wakeRingFd(worker_), &Paths::onWake, this, nullptr);
-    if (wake_ring_ == nullptr) return sysError("mapping the sockmap wake-up ring");
     woken_.reserve(ZCR_WAKE_RING_BYTES / 16);
-    armSignal();
+    WakeRing own;
+    own.map = sockmap_;
+    own.index = worker_;
+    own.own = true;
+    if (auto opened = openRing(own); !opened) return opened;
+    rings_.push_back(std::move(own));
+    armSignal(0);
+    return {};
+}
+
+Result<void> Paths::openRing(WakeRing& r) {
+    r.reader = ring_buffer__new(r.map->wakeRingFd(r.index), &Paths::onWake, this, nullptr);
+    if (r.reader == nullptr) return sysError("mapping a sockmap wake-up ring");
+    r.lost = r.map->wakeLost(r.index);
     return {};
 }
 
 Paths::~Paths() {
-    if (wake_ring_ != nullptr) ring_buffer__free(wake_ring_);
+    for (WakeRing& r : rings_)
+        if (r.reader != nullptr) ring_buffer__free(r.reader);
 }
 
 void Paths::enter(PathState& state, const PairSetUp& s, ListenerStats& counts) {
@@ -62,7 +74,7 @@ void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down)
     DataPath path[2] = {DataPath::Splice, DataPath::Splice};
     if (r.mode == Mode::Copy) path[0] = path[1] = DataPath::Copy;
     // The sockmap program relays TCP sockets only; a unix backend runs splice.
-    bool kernel_path = sockmap_ != nullptr && !r.unix_backend;
+    bool kernel_path = ownMaps() && !r.unix_backend;
     if (r.mode == Mode::Sockmap && kernel_path) {
         PairSetUp s;
         if (r.partly_read) {
@@ -103,9 +115,9 @@ void Paths::choose(const PathRequest& r, PathState& state, Pump& up, Pump& down)
                 break;
             case DataPath::Sockmap:
                 // The PROXY headers taken and sent are bytes of direction 0's sockets.
-                pumps[d]->emplace<SockmapPump>(state.sockmap.record, static_cast<uint8_t>(d),
-                                               d == 0 ? r.proxy_in : 0, d == 0 ? r.proxy_out : 0,
-                                               d == 0 ? r.proxy_out : 0);
+                pumps[d]->emplace<SockmapPump>(*sockmap_, state.sockmap.record,
+                                               static_cast<uint8_t>(d), d == 0 ? r.proxy_in : 0,
+                                               d == 0 ? r.proxy_out : 0, d == 0 ? r.proxy_out : 0);
                 break;
             case DataPath::kCount:  // not a path: the table's size
                 break;
@@ -137,6 +149,7 @@ unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pum
         auto* splice = std::get_if<SplicePump>(pump);
         if (splice == nullptr || !splice->betweenReads()) return 0;
     }
+    if (!ownMaps()) return 0;  // its ring crossed at a handover: no one here would hear it
     if (r.live > r.auto_max) {
         // Too many connections for the kernel path to pay: look again after as many turns
         // (some may have closed by then).
@@ -168,9 +181,9 @@ unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pum
                 replaced |= 1u << d;
                 break;
             case DataPath::Sockmap:
-                pumps[d]->emplace<SockmapPump>(state.sockmap.record, static_cast<uint8_t>(d),
-                                               d == 0 ? r.proxy_in : 0, d == 0 ? r.proxy_out : 0,
-                                               sent_before[d], watch[d]);
+                pumps[d]->emplace<SockmapPump>(*sockmap_, state.sockmap.record,
+                                               static_cast<uint8_t>(d), d == 0 ? r.proxy_in : 0,
+                                               d == 0 ? r.proxy_out : 0, sent_before[d], watch[d]);
                 replaced |= 1u << d;
                 break;
             case DataPath::kCount:
@@ -194,23 +207,34 @@ Step Paths::fallBack(Pump& pump, const PumpPort& p, PumpEnv& env, PipeFallback w
     return pump.emplace<CopyPump>(watch).start(p, env);
 }
 
-void Paths::armSignal() {
-    if (sockmap_ == nullptr) return;
+void Paths::armSignal(uint32_t ring) {
+    WakeRing& r = rings_[ring];
+    if (r.polling || r.held || r.handed) return;
     // One-shot and level-triggered: wake-ups written while it was not armed fire it at once.
     io_uring_sqe* sqe = ring_.sqe();
-    io_uring_prep_poll_add(sqe, sockmap_->wakeRingFd(worker_), POLLIN);
-    io_uring_sqe_set_data64(sqe, UserData{Op::PathSignal}.pack());
+    io_uring_prep_poll_add(sqe, r.map->wakeRingFd(r.index), POLLIN);
+    io_uring_sqe_set_data64(sqe, UserData{Op::PathSignal, 0, ring, 0}.pack());
+    r.polling = true;
 }
 
-bool Paths::drainSignal() {
+bool Paths::drainSignal(WakeRing& r) {
     woken_.clear();
     woken_overflow_ = false;
-    ring_buffer__consume(wake_ring_);
-    uint64_t lost = sockmap_->wakeLost(worker_);
-    bool all = lost != wake_lost_ || woken_overflow_;
-    wake_lost_ = lost;
-    stats_.sockmap_wakeups_lost.set(lost);
+    ring_buffer__consume(r.reader);
+    uint64_t lost = r.map->wakeLost(r.index);
+    bool all = lost != r.lost || woken_overflow_;
+    r.lost = lost;
+    if (r.own) stats_.sockmap_wakeups_lost.set(lost);
     return all;
+}
+
+uint32_t Paths::slotOf(const WakeRing& r, uint32_t index) const {
+    if (r.own)
+        return index >= base_ && (index - base_) / 2 < max_conns_ ? (index - base_) / 2
+                                                                  : UINT32_MAX;
+    const uint64_t first = uint64_t{r.index} * r.map->recordsPerWorker();
+    if (index < first || (index - first) / 2 >= r.slot_of.size()) return UINT32_MAX;
+    return r.slot_of[(index - first) / 2];
 }
 
 int Paths::onWake(void* self, void* data, size_t size) {
@@ -228,19 +252,95 @@ int Paths::onWake(void* self, void* data, size_t size) {
 }
 
 bool Paths::broken(const PathState& state, int& side) const {
-    return state.sockmap.any() && pairBroken(*sockmap_, state.sockmap, side);
+    return state.sockmap.any() && pairBroken(*state.sockmap.map, state.sockmap, side);
 }
 
 void Paths::tearDown(PathState& state, ListenerStats& counts) {
     if (!state.sockmap.any()) return;
+    Sockmap& map = *state.sockmap.map;
     for (int d = 0; d < 2; ++d)
         if (state.sockmap.linked[d])
-            counts.sockmap_replays.add(
-                loadRelaxed(sockmap_->record(state.sockmap.record + d).replayed));
+            counts.sockmap_replays.add(loadRelaxed(map.record(state.sockmap.record + d).replayed));
     // Out of the maps before close(): see pump/sockmap_kernel.hpp.
+    forget(state);
+    tearDownPair(map, state.sockmap);
+}
+
+// ---- handover --------------------------------------------------------------------------------
+
+int Paths::ringOf(const PathState& state) const {
+    if (!state.sockmap.any()) return -1;
+    const uint32_t index = state.sockmap.map->ringOf(state.sockmap.record);
+    for (size_t i = 0; i < rings_.size(); ++i)
+        if (rings_[i].map == state.sockmap.map && rings_[i].index == index)
+            return static_cast<int>(i);
+    return -1;
+}
+
+void Paths::holdSignal(uint32_t ring) {
+    WakeRing& r = rings_[ring];
+    r.held = true;
+    if (!r.polling) return;
+    io_uring_sqe* sqe = ring_.sqe();
+    io_uring_prep_cancel64(sqe, UserData{Op::PathSignal, 0, ring, 0}.pack(), 0);
+    io_uring_sqe_set_data64(sqe, UserData{}.pack());
+}
+
+void Paths::releaseSignal(uint32_t ring) {
+    rings_[ring].held = false;
+    armSignal(ring);
+}
+
+void Paths::ringHandedOver(uint32_t ring) {
+    WakeRing& r = rings_[ring];
+    r.handed = true;
+    if (r.own) own_handed_ = true;
+}
+
+void Paths::takeBack(uint32_t ring) {
+    WakeRing& r = rings_[ring];
+    if (!r.handed) return;
+    r.handed = false;
+    r.held = false;
+    if (r.own) own_handed_ = false;
+    armSignal(ring);
+}
+
+void Paths::handedOver(PathState& state) { forget(state); }
+
+void Paths::forget(PathState& state) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
-    tearDownPair(*sockmap_, state.sockmap);
+    if (int ring = ringOf(state); ring >= 0 && !rings_[ring].own) {
+        const uint64_t first = uint64_t{rings_[ring].index} * state.sockmap.map->recordsPerWorker();
+        const uint64_t key = (state.sockmap.record - first) / 2;
+        if (key < rings_[ring].slot_of.size()) rings_[ring].slot_of[key] = UINT32_MAX;
+    }
+}
+
+Result<uint32_t> Paths::adoptRing(Sockmap& map, uint32_t index) {
+    for (size_t i = 0; i < rings_.size(); ++i)
+        if (rings_[i].map == &map && rings_[i].index == index) return static_cast<uint32_t>(i);
+    if (woken_.capacity() == 0) woken_.reserve(ZCR_WAKE_RING_BYTES / 16);
+    WakeRing r;
+    r.map = &map;
+    r.index = index;
+    r.slot_of.assign(map.recordsPerWorker() / 2 + 1, UINT32_MAX);
+    if (auto opened = openRing(r); !opened) return tl::unexpected(opened.error());
+    rings_.push_back(std::move(r));
+    const auto at = static_cast<uint32_t>(rings_.size() - 1);
+    armSignal(at);
+    return at;
+}
+
+void Paths::adopt(PathState& state, uint32_t slot) {
+    for (int i = 0; i < 2; ++i)
+        if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
+    const int ring = ringOf(state);
+    if (ring < 0 || rings_[ring].own) return;
+    const uint64_t first = uint64_t{rings_[ring].index} * state.sockmap.map->recordsPerWorker();
+    const uint64_t key = (state.sockmap.record - first) / 2;
+    if (key < rings_[ring].slot_of.size()) rings_[ring].slot_of[key] = slot;
 }
 
 }  // namespace zcrelay

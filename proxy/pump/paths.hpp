@@ -100,9 +100,7 @@ class Paths {
     // and sni_proxy_header_test.cpp). Sent on before the sockets enter the map, they cost a
     // peek, a send and a read; a send the upstream cut short leaves a read segment queued
     // again (PathRequest::partly_read), and that connection runs splice.
-    bool wantsQueueSentFirst(Mode mode) const {
-        return mode == Mode::Sockmap && sockmap_ != nullptr;
-    }
+    bool wantsQueueSentFirst(Mode mode) const { return mode == Mode::Sockmap && ownMaps(); }
     // Sets up `state` for the paths the listener's mode asks for and the kernel grants, and puts
     // each direction's pump in place, not started: `up` client -> upstream, `down` the other.
     void choose(const PathRequest& r, PathState& state, Pump& up, Pump& down);
@@ -123,18 +121,20 @@ class Paths {
     unsigned promote(const PromoteRequest& r, PathState& state, Pump& up, Pump& down,
                      PipePool& pipes);
 
-    // The program's signal (Op::PathSignal): a poll on this worker's wake-up ring, where the
-    // sockmap program writes a socket's record index when it starts passing bytes or breaks
-    // (bpf/relay.bpf.c). Armed from the start while the program is loaded; nothing else wakes
-    // the worker for a sockmap connection, so an idle one costs nothing.
-    // Maps the wake-up ring and arms the first poll; fails only if the ring cannot be mapped.
+    // The program's signal (Op::PathSignal): a poll on a wake-up ring, where the sockmap
+    // program writes a socket's record index when it starts passing bytes or breaks
+    // (bpf/relay.bpf.c). Nothing else wakes the worker for a sockmap connection, so an idle one
+    // costs nothing. A worker reads its own ring (while the program is loaded) and each ring it
+    // adopted with connections at a handover: another relay's program writes that relay's
+    // worker's ring, and only one reader may consume a ring, so a ring crosses whole, with
+    // every connection on it (handover.hpp).
+    // Maps the worker's own ring and arms the first poll; fails only if it cannot be mapped.
     Result<void> startSignal();
-    void armSignal();
-    // After the poll fired: calls `look(slot)` for every connection slot the ring named, or, if
-    // the program had to drop wake-ups (the ring was full), `look` for every slot, then arms the
-    // poll again (unless `res` says it was cancelled: the worker is stopping).
+    // After ring `ring`'s poll came back: calls `look(slot)` for every connection slot the ring
+    // named, or, if the program had to drop wake-ups (the ring was full), `look` for every
+    // slot, then arms the poll again (unless `res` says it was cancelled, or the ring is held).
     template <class Look>
-    void onSignal(int res, uint32_t slots_used, Look&& look);
+    void onSignal(uint32_t ring, int res, uint32_t slots_used, Look&& look);
     // At a signal, after the pumps' own look: whether the kernel marked `state`'s stream beyond
     // repair; `side` says which socket's (0 client, 1 upstream).
     bool broken(const PathState& state, int& side) const;
@@ -142,11 +142,59 @@ class Paths {
     // kernel (sockets out of the maps before close(): pump/sockmap_kernel.hpp).
     void tearDown(PathState& state, ListenerStats& counts);
 
+    // ---- handover (connections_handover.cpp) ----
+    // The ring `state`'s records wake, as an index into this worker's rings; -1 if none.
+    int ringOf(const PathState& state) const;
+    uint32_t rings() const { return static_cast<uint32_t>(rings_.size()); }
+    Sockmap& ringMap(uint32_t ring) const { return *rings_[ring].map; }
+    uint32_t ringIndex(uint32_t ring) const { return rings_[ring].index; }
+    // Handing ring `ring` over: its poll is cancelled and not armed again; signalHeld() once
+    // no poll is in flight. release() arms it again (its connections stay).
+    void holdSignal(uint32_t ring);
+    bool signalHeld(uint32_t ring) const { return rings_[ring].held && !rings_[ring].polling; }
+    void releaseSignal(uint32_t ring);
+    // The ring crossed: never read here again, and no connection is set on this worker's own
+    // maps from now on (their wake-ups would go to the next relay).
+    void ringHandedOver(uint32_t ring);
+    // A connection of a handed-over ring could not be sent after all: the ring is read here
+    // again, for what stays.
+    void takeBack(uint32_t ring);
+    // A connection crossed: its sockets stay in the maps, now the next relay's to take out.
+    void handedOver(PathState& state);
+    // A ring another relay's worker read, adopted with its connections (its map set adopted
+    // first, Sockmap::adopt); returns its index here, or the ring it already has.
+    Result<uint32_t> adoptRing(Sockmap& map, uint32_t index);
+    // A connection adopted on `state` (its pair and map set), at `slot`: its ring names it.
+    void adopt(PathState& state, uint32_t slot);
+
   private:
+    // A wake-up ring this worker reads.
+    struct WakeRing {
+        Sockmap* map = nullptr;
+        uint32_t index = 0;             // which of the map's rings (the worker that made it)
+        ring_buffer* reader = nullptr;  // libbpf's
+        uint64_t lost = 0;              // Sockmap::wakeLost() at the last drain
+        // Adopted: (record - first record of the ring) / 2 -> slot, UINT32_MAX for none. The
+        // own ring's slots follow from the record (base_).
+        std::vector<uint32_t> slot_of;
+        bool own = false;
+        bool polling = false;  // a poll is in flight
+        bool held = false;     // handing over: no poll is armed again
+        bool handed = false;   // crossed to the next relay
+    };
+
     // Counts what a setUpPair() put in the kernel.
     void enter(PathState& state, const PairSetUp& s, ListenerStats& counts);
-    // Reads the wake-up ring into woken_; true if the program lost some since the last time.
-    bool drainSignal();
+    Result<void> openRing(WakeRing& r);
+    void armSignal(uint32_t ring);
+    // Reads the ring into woken_; true if the program lost some since the last time.
+    bool drainSignal(WakeRing& r);
+    // The slot a woken record index names on ring `r`, or UINT32_MAX.
+    uint32_t slotOf(const WakeRing& r, uint32_t index) const;
+    // The worker no longer counts `state`'s sockets nor hears their ring.
+    void forget(PathState& state);
+    // Whether connections may go on this worker's own maps (loaded, its ring not handed over).
+    bool ownMaps() const { return sockmap_ != nullptr && !own_handed_; }
     static int onWake(void* self, void* data, size_t size);
 
     Ring& ring_;
@@ -155,22 +203,25 @@ class Paths {
     const uint32_t max_conns_;
     WorkerStats& stats_;
     const uint32_t worker_;
-    ring_buffer* wake_ring_ = nullptr;  // libbpf's reader of this worker's ring
-    uint64_t wake_lost_ = 0;            // Sockmap::wakeLost() at the last drain
-    std::vector<uint32_t> woken_;       // record indexes of one drain (reserved: the ring's most)
-    bool woken_overflow_ = false;       // a drain found more than woken_ holds
+    std::vector<WakeRing> rings_;  // [0] the own ring, when the program is loaded
+    bool own_handed_ = false;
+    std::vector<uint32_t> woken_;  // record indexes of one drain (reserved: the ring's most)
+    bool woken_overflow_ = false;  // a drain found more than woken_ holds
 };
 
 template <class Look>
-void Paths::onSignal(int res, uint32_t slots_used, Look&& look) {
-    if (res < 0) return;  // cancelled: the worker is stopping
-    if (drainSignal()) {
+void Paths::onSignal(uint32_t ring, int res, uint32_t slots_used, Look&& look) {
+    if (ring >= rings_.size()) return;
+    WakeRing& r = rings_[ring];
+    r.polling = false;
+    if (res < 0 || r.handed) return;  // cancelled: the worker is stopping, or handing it over
+    if (drainSignal(r)) {
         for (uint32_t slot = 0; slot < slots_used; ++slot) look(slot);
     } else {
         for (uint32_t index : woken_)
-            if (index >= base_ && (index - base_) / 2 < max_conns_) look((index - base_) / 2);
+            if (uint32_t slot = slotOf(r, index); slot != UINT32_MAX) look(slot);
     }
-    armSignal();
+    if (!r.held) armSignal(ring);
 }
 
 }  // namespace zcrelay

@@ -10,13 +10,14 @@
 namespace zcrelay {
 
 void SourceWatch::arm(const PumpPort& p, bool eof) {
-    if (armed || eof || hup) return;
+    // Handing over: nothing of the connection may be in flight when it crosses.
+    if (armed || eof || hup || p.handing) return;
     io_uring_prep_poll_add(p.sqe(Op::Watch), p.src, POLLRDHUP | POLLERR | POLLHUP);
     armed = true;
 }
 
 void SourceWatch::armErrors(const PumpPort& p) {
-    if (armed) return;
+    if (armed || p.handing) return;
     io_uring_prep_poll_add(p.sqe(Op::Watch), p.src, POLLERR | POLLHUP);
     armed = true;
 }

@@ -109,18 +109,32 @@ struct PumpPort {
     }
 };
 
-// What a worker's pumps share: its buffer ring, its pipes, its sockmap, its counters, and
+// What a worker's pumps share: its buffer ring, its pipes, its counters, and
 // what the kernel offers for zero-copy sends (uring/ring.hpp).
 struct PumpEnv {
     BufRing& bufs;
     PipePool& pipes;
-    Sockmap* sockmap;  // null when the program is not loaded
     WorkerStats& stats;
     SendZcSupport send_zc;
     // The buffers zero-copy sends have lent to the kernel, a bounded share of `bufs`: a peer that
     // stops acknowledging keeps its direction's, and a few such peers must not take the pool
     // every recv needs (pump/copy_pump.hpp).
     ZerocopyHolds& holds;
+};
+
+// A sockmap direction at rest (sockmap_pump.hpp): its phase, and its counts of what the
+// program and user space moved, which its records in the maps go on from.
+struct SockmapResting {
+    uint8_t phase = 0;
+    bool stopped = false;
+    uint32_t src_skipped = 0;
+    uint32_t dst_extra = 0;
+    uint64_t dst_before = 0;
+    uint64_t seen = 0;
+    uint64_t taken = 0;
+    uint64_t end_passed = UINT64_MAX;
+    uint64_t consumed = 0;
+    uint64_t copied = 0;
 };
 
 // A direction at rest: nothing of it armed, and nothing held in user space. What another
@@ -131,6 +145,8 @@ struct RestingDirection {
     bool hup = false;       // a watch saw src's FIN, not read yet
     uint32_t in_pipe = 0;   // splice: bytes in the pipe, which crosses with them
     bool copy = false;      // on the copy path
+    bool sockmap = false;   // on the sockmap path, at `kernel`
+    SockmapResting kernel;
 };
 
 // A watch on src while its direction is not reading it. POLLRDHUP alone does not fire on data

@@ -58,6 +58,7 @@ PairSetUp setUpPair(Sockmap& map, SockmapPair& c, const int (&fd)[2], uint32_t i
         c.cookie[i] = *cookie;
     }
     c.record = index_base;
+    c.map = &map;
     for (int i = 0; i < 2; ++i) {
         if (!map.link(c.cookie[i], c.cookie[1 - i], index_base + i, limit, sent_before[i])) {
             tearDownPair(map, c);

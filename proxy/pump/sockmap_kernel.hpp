@@ -53,6 +53,7 @@ namespace zcrelay {
 
 // A connection's two sockets as the maps know them: [0] the client's, [1] the upstream's.
 struct SockmapPair {
+    Sockmap* map = nullptr;           // the maps they are in (setUpPair's, or adopted ones)
     uint64_t cookie[2] = {0, 0};      // SO_COOKIE of each socket, its key in the maps
     bool linked[2] = {false, false};  // the socket has an entry in zcr_links
     bool in_map[2] = {false, false};  // the socket is in the SOCKHASH

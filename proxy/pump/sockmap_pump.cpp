@@ -21,12 +21,14 @@ Step SockmapPump::start(const PumpPort& p, PumpEnv& env) {
 }
 
 void SockmapPump::redirect(const PumpPort& p, PumpEnv& env, Step& out) {
+    // Handing over: what would come next is restart()'s (passed bytes, the FIN, the watch).
+    if (p.handing) return;
     // Back to waiting for the program's signal, which it sends only for a byte passed while
     // consumed == passed: our store of consumed and its add to passed race, so one of us must
     // see the other's. The fence orders our store before this load; the program adds first,
     // with a locked instruction, and looks at consumed after (relay.bpf.c).
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (hasPassed(*env.sockmap))
+    if (hasPassed(*map_))
         startCatchUp(p, env, out);
     else if (copy_.watch().hup)
         checkEnd(p, env, out);  // the FIN came while we were moving passed bytes
@@ -61,7 +63,7 @@ Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, 
             }
             return out;
         case Op::Recv: {
-            if ((res == 0 || res == -EAGAIN) && hasPassed(*env.sockmap)) {
+            if ((res == 0 || res == -EAGAIN) && hasPassed(*map_)) {
                 // Not the end yet. A passed skb that finds its psock's queue busy (with the
                 // other direction's bytes on their way out of this socket) is delivered later
                 // by the psock worker, and the FIN behind it can be seen first: recvmsg()
@@ -77,7 +79,7 @@ Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, 
             auto got = copy_.onRecv(
                 p, env, res, flags,
                 [&](char* data, uint32_t len) {
-                    uint32_t kept = dropReplayed(*env.sockmap, p.counts, data, len);
+                    uint32_t kept = dropReplayed(*map_, p.counts, data, len);
                     taken_ += len;
                     return kept;
                 },
@@ -100,7 +102,7 @@ Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, 
                 out.moved = sent;
                 copied_ += sent;
                 consumed_ += sent;
-                storeRelaxed(env.sockmap->record(record()).consumed, __u64{consumed_});
+                storeRelaxed(map_->record(record()).consumed, __u64{consumed_});
                 p.counts.sockmap_copied.add(sent);
             }
             break;
@@ -162,7 +164,7 @@ void SockmapPump::checkEnd(const PumpPort& p, PumpEnv& env, Step& out) {
     SockmapEof e = checkEof(p.src, p.src_write_shut);
     switch (e.kind) {
         case SockmapEof::Eof:
-            if (hasPassed(*env.sockmap)) {
+            if (hasPassed(*map_)) {
                 // See the Recv case: passed bytes still on their way; they come first.
                 startCatchUp(p, env, out);
                 return;
@@ -193,8 +195,7 @@ void SockmapPump::catchUp(const PumpPort& p, PumpEnv& env, Step& out) {
     // The program stopped redirecting when it passed the first of these bytes, so the
     // redirected count is final: once dst has queued all of it (and what we copied before),
     // the passed bytes go next, by copy.
-    uint64_t expected =
-        loadRelaxed(env.sockmap->record(record()).redirected) + copied_ + dst_before_;
+    uint64_t expected = loadRelaxed(map_->record(record()).redirected) + copied_ + dst_before_;
     if (!barrierDone(p, checkQueued(p.dst, expected), out)) return;
     phase_ = Phase::Copying;
     advanceCopy(p, env, out);
@@ -205,7 +206,7 @@ void SockmapPump::advanceCopy(const PumpPort& p, PumpEnv& env, Step& out) {
     stopIfEnding(p, env);
     // Read only what the program passed. A recv armed with nothing passed would sit on a
     // socket whose bytes the kernel redirects, woken by each skb.
-    switch (copy_.advance(p, env, hasPassed(*env.sockmap), RecvWait::Caller)) {
+    switch (copy_.advance(p, env, hasPassed(*map_), RecvWait::Caller)) {
         case CopyPump::Flow::Moving:
             return;
         case CopyPump::Flow::Drained:
@@ -234,7 +235,7 @@ void SockmapPump::startEnding(const PumpPort& p, PumpEnv& env, Step& out) {
 void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     // A Sockmap direction has both sockets linked: either stream broken stops the FIN.
     for (uint8_t side = 0; side < 2; ++side) {
-        if (!recordBroken(*env.sockmap, pair_record_ + side)) continue;
+        if (!recordBroken(*map_, pair_record_ + side)) continue;
         out.kind = Step::Broken;
         out.on_src = side == dir_;
         return;
@@ -244,11 +245,11 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     // which the relay no longer takes: the FIN waits for what this direction moved, as catchUp
     // does (the redirected count is final once stopped).
     const SockmapBarrier b =
-        p.ending ? checkQueued(p.dst, loadRelaxed(env.sockmap->record(record()).redirected) +
-                                          copied_ + dst_before_)
+        p.ending ? checkQueued(p.dst, loadRelaxed(map_->record(record()).redirected) + copied_ +
+                                          dst_before_)
                  : checkFinBarrier(p.src, p.dst, src_skipped_, dst_extra_);
     if (!barrierDone(p, b, out)) return;
-    out.moved += fold(*env.sockmap);
+    out.moved += fold(*map_);
     if (!p.ending) ::shutdown(p.dst, SHUT_WR);
     phase_ = Phase::Finished;
     out.kind = Step::Finished;
@@ -260,10 +261,10 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
 void SockmapPump::stopIfEnding(const PumpPort& p, PumpEnv& env) {
     if (!p.ending || stopped_) return;
     stopped_ = true;
-    stopRedirecting(*env.sockmap, record(), p.src);
+    stopRedirecting(*map_, record(), p.src);
     // No verdict runs any more that could redirect (stopRedirecting waited for the last), so
     // the bytes passed from here on arrived past the limit.
-    end_passed_ = loadRelaxed(env.sockmap->record(record()).passed);
+    end_passed_ = loadRelaxed(map_->record(record()).passed);
 }
 
 bool SockmapPump::barrierDone(const PumpPort& p, const SockmapBarrier& b, Step& out) {
@@ -295,16 +296,72 @@ void SockmapPump::armBarrier(const PumpPort& p, bool back_off) {
     // to 32 ms bounds both the latency added to a FIN and the polling of a stalled reader.
     static constexpr __kernel_timespec kWaits[] = {{0, 1000000}, {0, 2000000},  {0, 4000000},
                                                    {0, 8000000}, {0, 16000000}, {0, 32000000}};
-    if (barrier_armed_) return;
+    if (barrier_armed_ || p.handing) return;
     uint8_t step = std::min<uint8_t>(barrier_step_, std::size(kWaits) - 1);
     if (back_off && barrier_step_ + 1u < std::size(kWaits)) ++barrier_step_;
     io_uring_prep_timeout(p.sqe(Op::Barrier), const_cast<__kernel_timespec*>(&kWaits[step]), 0, 0);
     barrier_armed_ = true;
 }
 
+RestingDirection SockmapPump::resting() const {
+    RestingDirection r;
+    r.eof = eofSeen();
+    r.hup = copy_.watch().hup;
+    r.sockmap = true;
+    r.kernel = {static_cast<uint8_t>(phase_),
+                stopped_,
+                src_skipped_,
+                dst_extra_,
+                dst_before_,
+                seen_,
+                taken_,
+                end_passed_,
+                consumed_,
+                copied_};
+    return r;
+}
+
+SockmapPump SockmapPump::adopted(Sockmap& map, uint32_t pair_record, uint8_t dir,
+                                 const RestingDirection& r) {
+    SourceWatch watch;
+    watch.hup = r.hup;
+    const SockmapResting& k = r.kernel;
+    SockmapPump pump(map, pair_record, dir, k.src_skipped, k.dst_extra, k.dst_before, watch);
+    pump.phase_ = static_cast<Phase>(std::min<uint8_t>(k.phase, uint8_t(Phase::Finished)));
+    pump.stopped_ = k.stopped;
+    pump.seen_ = k.seen;
+    pump.taken_ = k.taken;
+    pump.end_passed_ = k.end_passed;
+    pump.consumed_ = k.consumed;
+    pump.copied_ = k.copied;
+    return pump;
+}
+
+Step SockmapPump::restart(const PumpPort& p, PumpEnv& env) {
+    Step out;
+    switch (phase_) {
+        case Phase::Redirecting:
+            redirect(p, env, out);
+            break;
+        case Phase::CatchingUp:
+            catchUp(p, env, out);
+            break;
+        case Phase::Copying:
+            advanceCopy(p, env, out);
+            break;
+        case Phase::Ending:
+            finBarrier(p, env, out);
+            break;
+        case Phase::Finished:
+            if (!p.src_write_shut) copy_.watch().armErrors(p);
+            break;
+    }
+    return out;
+}
+
 Step SockmapPump::scan(const PumpPort& p, PumpEnv& env) {
     Step out;
-    if (phase_ == Phase::Redirecting && hasPassed(*env.sockmap)) startCatchUp(p, env, out);
+    if (phase_ == Phase::Redirecting && hasPassed(*map_)) startCatchUp(p, env, out);
     return out;
 }
 

@@ -23,6 +23,12 @@
 //                direction moved, redirected and copied, since src goes on receiving.
 //   Finished     dst was shut down for writing; src is still watched for an RST, since it is
 //                the other direction's destination, written by the kernel alone.
+//
+// Handing over (PumpPort::handing): each step that would arm a watch, a barrier's timer or a
+// recv arms nothing, and the phase stays where it is; a copy still sends what it holds. With
+// nothing in flight and nothing held the direction is at rest in any phase: the kernel goes on
+// redirecting (or passing) meanwhile, and restart() takes the phase's step again, in this relay
+// or the next (resting(), adopted()).
 #include <cstdint>
 
 #include "pump/copy_pump.hpp"
@@ -41,9 +47,12 @@ class SockmapPump {
     // dst's count holds before the first redirected byte: dst_extra, or for a connection
     // promoted from splice (mode auto), all that splice moved too.
     // `carried`: the watch on src of the pump this one replaces, if any (one poll per socket).
-    SockmapPump(uint32_t pair_record, uint8_t dir, uint32_t src_skipped, uint32_t dst_extra,
-                uint64_t dst_before, const SourceWatch& carried = {})
+    // `map`: the maps the pair's sockets are in (a relay's own, or those it adopted with the
+    // connection at a handover).
+    SockmapPump(Sockmap& map, uint32_t pair_record, uint8_t dir, uint32_t src_skipped,
+                uint32_t dst_extra, uint64_t dst_before, const SourceWatch& carried = {})
         : copy_(carried),
+          map_(&map),
           pair_record_(pair_record),
           dir_(dir),
           src_skipped_(src_skipped),
@@ -51,6 +60,17 @@ class SockmapPump {
           dst_before_(dst_before) {}
 
     Step start(const PumpPort& p, PumpEnv& env);
+    // A direction at rest (nothing in flight, nothing held): its phase and counts, which the
+    // maps' records go on from.
+    RestingDirection resting() const;
+    // Resumes a direction another relay handed over at rest, on the maps it adopted with it.
+    static SockmapPump adopted(Sockmap& map, uint32_t pair_record, uint8_t dir,
+                               const RestingDirection& r);
+    // Takes the phase's step again after a handover: in the relay that adopted the direction,
+    // or in the one that kept it. A Finished direction re-arms its error watch.
+    Step restart(const PumpPort& p, PumpEnv& env);
+    // Holds no passed bytes in user space (empty() of its copy).
+    bool empty() const { return copy_.empty(); }
     // Watch, Barrier, and the copy's Recv, Send and PollOut completions.
     Step onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, uint32_t flags,
                       uint8_t aux);
@@ -59,7 +79,7 @@ class SockmapPump {
     // After Step::starved: buffers came back to the ring.
     Step resume(const PumpPort& p, PumpEnv& env);
     // Bytes the kernel redirected since the last look (they count as the path's bytes).
-    uint64_t kernelBytes(PumpEnv& env) { return fold(*env.sockmap); }
+    uint64_t kernelBytes(PumpEnv&) { return fold(*map_); }
     void quiet(PumpEnv&) {}
     // The connection closes: a barrier timer holds no file, so the socket cancels miss it.
     void abort(const PumpPort& p, PumpEnv& env);
@@ -98,6 +118,7 @@ class SockmapPump {
     void armBarrier(const PumpPort& p, bool back_off);
 
     CopyPump copy_;  // the passed bytes; its watch on src is the direction's only watch
+    Sockmap* map_;
     uint32_t pair_record_;
     uint8_t dir_;
     Phase phase_ = Phase::Redirecting;

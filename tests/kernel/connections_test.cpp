@@ -140,7 +140,7 @@ class Lifecycle {
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(s.pipes, INT32_MAX, stats_);
         holds_ = std::make_unique<ZerocopyHolds>(8);
-        env_.reset(new PumpEnv{*bufs_, *pipes_, nullptr, stats_, zc, *holds_});
+        env_.reset(new PumpEnv{*bufs_, *pipes_, stats_, zc, *holds_});
         // Unless asked to listen, the Acceptor gets no listening socket: the test accepts the
         // clients itself (on front_) and hands them to Connections as the Acceptor does;
         // admission, the admit queue and resumption are the Acceptor's all the same.

@@ -195,11 +195,7 @@ class Rig {
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(o.pipes, o.pipe_fd_ceiling, stats);
         holds_ = std::make_unique<ZerocopyHolds>(o.holds);
-        env_.reset(new PumpEnv{*bufs_, *pipes_, nullptr, stats, zc_, *holds_});
-    }
-    // The sockmap pump's kernel side (loaded by the test): the worker's PumpEnv points at it.
-    void useSockmap(Sockmap* map) {
-        env_.reset(new PumpEnv{*bufs_, *pipes_, map, stats, zc_, *holds_});
+        env_.reset(new PumpEnv{*bufs_, *pipes_, stats, zc_, *holds_});
     }
     ~Rig() {
         // Whatever a failed test left armed: cancelled and waited for, before the buffer ring

@@ -530,7 +530,6 @@ TEST(PumpSockmap, TheKernelMovesTheBytesAndThePumpPassesTheFinAfterThem) {
     std::unique_ptr<Sockmap> map = std::move(*loaded);
     Rig rig;
     ASSERT_TRUE(rig.ok());
-    rig.useSockmap(map.get());
     Dir d;
     d.in = makeLink();
     d.out = makeLink();
@@ -538,7 +537,7 @@ TEST(PumpSockmap, TheKernelMovesTheBytesAndThePumpPassesTheFinAfterThem) {
     const int fds[2] = {d.src(), d.dst()};
     PairSetUp set = setUpPair(*map, pair, fds, 0, 4 * 1024 * 1024);
     ASSERT_FALSE(set.fell_back) << label(set.reason);
-    Pump pump(std::in_place_type<SockmapPump>, pair.record, 0, 0, 0, 0);
+    Pump pump(std::in_place_type<SockmapPump>, *map, pair.record, 0, 0, 0, 0);
     ASSERT_EQ(rig.start(d, pump).kind, Step::Wait);
     constexpr uint64_t kBytes = 2 * 1024 * 1024 + 7;
     test::ReceiveCheck got;
@@ -571,14 +570,13 @@ TEST(PumpSockmap, ASourceResetWhileTheKernelRedirectsFailsOnSrc) {
     std::unique_ptr<Sockmap> map = std::move(*loaded);
     Rig rig;
     ASSERT_TRUE(rig.ok());
-    rig.useSockmap(map.get());
     Dir d;
     d.in = makeLink();
     d.out = makeLink();
     SockmapPair pair;
     const int fds[2] = {d.src(), d.dst()};
     ASSERT_FALSE(setUpPair(*map, pair, fds, 0, 4 * 1024 * 1024).fell_back);
-    Pump pump(std::in_place_type<SockmapPump>, pair.record, 0, 0, 0, 0);
+    Pump pump(std::in_place_type<SockmapPump>, *map, pair.record, 0, 0, 0, 0);
     rig.start(d, pump);
     ASSERT_TRUE(test::writeAll(d.writer(), "abc", 3).ok());
     EXPECT_EQ(readN(d.reader(), 3), "abc") << "redirected by the kernel, no CQE needed";

@@ -32,7 +32,7 @@ class PumpDriver {
   public:
     PumpDriver(Sockmap& map, uint32_t pair_record, int src, int dst)
         : map_(map),
-          pump_(pair_record, 0, 0, 0, 0),
+          pump_(map, pair_record, 0, 0, 0, 0),
           record_(map.record(pair_record)),
           src_(src),
           dst_(dst) {}
@@ -46,7 +46,7 @@ class PumpDriver {
         if (!bufs) return "buffer ring: " + bufs.error().message();
         bufs_ = std::move(*bufs);
         pipes_ = std::make_unique<PipePool>(0, 1024, stats_);
-        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, &map_, stats_, {}, holds_});
+        env_ = std::make_unique<PumpEnv>(PumpEnv{*bufs_, *pipes_, stats_, {}, holds_});
         return take(pump_.start(port(), *env_));
     }
 
