@@ -198,6 +198,8 @@ void Connections::sendHandOver(Conn& c, uint32_t slot) {
     h.quiet_ms = now_ms_ - c.last_active_ms;
     h.connect_us = c.connect_us;
     h.attempts = c.attempts;
+    h.proxy_in = c.proxy_in;
+    h.proxy_out = c.proxy_out;
     int fds[takeover::kMaxFds];
     size_t n = 0;
     fds[n++] = c.fd[0];
@@ -381,6 +383,8 @@ void Connections::adopt(handover::HandedConn& h) {
     c.local = h.local;
     c.have_local = h.local.length != 0;
     c.last_active_ms = now_ms_ - h.quiet_ms;
+    c.proxy_in = h.proxy_in;
+    c.proxy_out = h.proxy_out;
     lstats(c).handed_in.add();
     acceptor_.adopted(c);
     upstream_.adopted(c);
@@ -407,6 +411,11 @@ void Connections::adopt(handover::HandedConn& h) {
         c.dir[d].finished = h.dir[d].finished;
     }
     if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.add();
+    // mode auto: a connection that crossed on splice is watched for promotion here too.
+    const ListenerConfig& lc = listenerConfig(c);
+    paths_.watchAdopted(c.paths, lc.mode,
+                        clusterOf(c).backends[c.backend].config.address.family() == AF_UNIX, slot,
+                        lc.auto_sockmap_max);
     process_.handovers[idx(Outcome::Taken)].fetch_add(1);
     rearm(c, slot);
 }

@@ -97,6 +97,8 @@ takeover::Message toMessage(const HandedConn& h) {
         .set("attempts", number(h.attempts))
         .set("up", number(h.bytes[0]))
         .set("down", number(h.bytes[1]));
+    if (h.proxy_in > 0 || h.proxy_out > 0)
+        m.set("proxy", number(h.proxy_in) + "," + number(h.proxy_out));
     for (int d = 0; d < 2; ++d) {
         const RestingDirection& dir = h.dir[d];
         if (dir.finished) m.set(dirKey("fin", d), "1");
@@ -147,6 +149,18 @@ tl::expected<HandedConn, std::string> fromMessage(takeover::Message& m) {
     h.quiet_ms = static_cast<int64_t>(quiet);
     h.connect_us = static_cast<int64_t>(connect);
     h.attempts = static_cast<uint32_t>(attempts);
+    if (const std::string proxy = m.get("proxy"); !proxy.empty()) {
+        const size_t comma = proxy.find(',');
+        char* end = nullptr;
+        const unsigned long in = std::strtoul(proxy.c_str(), &end, 10);
+        const bool in_ok = comma != std::string::npos && end == proxy.c_str() + comma;
+        const unsigned long out = in_ok ? std::strtoul(proxy.c_str() + comma + 1, &end, 10) : 0;
+        if (!in_ok || *end != '\0' || in > UINT16_MAX || out > UINT16_MAX || proxy[0] == '-' ||
+            proxy[comma + 1] == '-')
+            return bad("a bad proxy");
+        h.proxy_in = static_cast<uint32_t>(in);
+        h.proxy_out = static_cast<uint32_t>(out);
+    }
     size_t fds_wanted = 2;
     for (int d = 0; d < 2; ++d) {
         RestingDirection& dir = h.dir[d];

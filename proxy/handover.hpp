@@ -30,7 +30,7 @@
 //     per pipe that crosses with it).
 //
 //   CONN listener=L cluster=C backend=K [route=R] [client=A] [local=A] start=US age=US quiet=MS
-//        connect=US attempts=N up=BYTES down=BYTES [fin0=1] [eof0=1] [hup0=1] [pipe0=N]
+//        connect=US attempts=N up=BYTES down=BYTES [proxy=IN,OUT] [fin0=1] [eof0=1] [hup0=1] [pipe0=N]
 //        [copy0=1] [sm0=PHASE,STOPPED,SKIPPED,EXTRA,BEFORE,SEEN,TAKEN,END,CONSUMED,COPIED]
 //        ... the same for direction 1
 //        [map=ID record=N linked=01 in=01 [promoted=1]]   on sockmap: the pair in the maps
@@ -71,6 +71,10 @@ struct HandedConn {
     int64_t connect_us = 0;
     uint32_t attempts = 0;
     uint64_t bytes[2] = {0, 0};  // relayed so far, per direction
+    // PROXY header bytes read from the client and sent upstream, outside the data path: a
+    // connection promoted to sockmap later (mode auto) counts them in its FIN barrier.
+    uint32_t proxy_in = 0;
+    uint32_t proxy_out = 0;
     RestingDirection dir[2];
     // On sockmap: the pair's place in the maps, a map set named by its SOCKHASH's id.
     struct Pair {

@@ -333,6 +333,13 @@ Result<uint32_t> Paths::adoptRing(Sockmap& map, uint32_t index) {
     return at;
 }
 
+void Paths::watchAdopted(PathState& state, Mode mode, bool unix_backend, uint32_t slot,
+                         unsigned auto_max) {
+    state.watch = AutoWatch{};
+    state.watch.on = mode == Mode::Auto && ownMaps() && !unix_backend && slot < max_conns_ &&
+                     auto_max > 0 && !state.sockmap.any() && !state.promoted;
+}
+
 void Paths::adopt(PathState& state, uint32_t slot) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();

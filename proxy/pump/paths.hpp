@@ -166,6 +166,10 @@ class Paths {
     Result<uint32_t> adoptRing(Sockmap& map, uint32_t index);
     // A connection adopted on `state` (its pair and map set), at `slot`: its ring names it.
     void adopt(PathState& state, uint32_t slot);
+    // An adopted connection on splice on a listener in `mode`: watched for promotion as a new
+    // one is (choose), its turns counted afresh.
+    void watchAdopted(PathState& state, Mode mode, bool unix_backend, uint32_t slot,
+                      unsigned auto_max);
 
   private:
     // A wake-up ring this worker reads.

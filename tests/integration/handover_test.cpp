@@ -822,6 +822,37 @@ TEST_F(HandoverTest, APromotedConnectionCrossesOnSockmap) {
     EXPECT_NE(text.find("\"done\""), std::string::npos) << text;
 }
 
+// mode auto: a connection still on splice when it crosses (one exchange, not yet interactive)
+// is watched in the new relay as it was in the old, promoted there after a few more, and its end
+// waits for every byte, its PROXY header counted out of the barrier's sums as the old relay
+// would have.
+TEST_F(HandoverTest, AConnectionOnSpliceInModeAutoIsPromotedByTheNewRelay) {
+    RelayConfig config = handoverConfig(up_.hostPort(), "auto", socket_);
+    config.listeners[0].extra_yaml = "    accept_proxy: true\n";
+    RelayProcess old;
+    ASSERT_TRUE(old.start(config));
+    Connected c = connectTo(old.host(), old.port());
+    ASSERT_TRUE(c.fd) << c.error;
+    const std::string header = "PROXY TCP4 192.0.2.1 198.51.100.2 40000 443\r\nE";
+    ASSERT_TRUE(writeAll(c.fd.get(), header.data(), header.size(), kIo).ok());
+    ASSERT_TRUE(echoBack(c.fd.get(), "first", kIo).ok());
+    EXPECT_EQ(old.metric(metric::kSockmapSockets), 0.0) << "still on splice";
+
+    RelayProcess next;
+    ASSERT_GE(upgrade(old, next, Millis{kSanitized ? 5'000 : 1'000}), 0) << old.stderrText();
+    EXPECT_EQ(next.metric(kHandover, {{"result", "taken"}}), 1.0);
+    for (int i = 0; i < 10; ++i) ASSERT_TRUE(echoBack(c.fd.get(), "again", kIo).ok()) << i;
+    EXPECT_TRUE(next.waitForMetric(metric::kSockmapSockets, {}, 2.0)) << "promoted here";
+    EXPECT_EQ(next.metric(metricName(Metric::DatapathSwitches),
+                          {{"listener", "t"}, {"from", "splice"}, {"to", "sockmap"}}),
+              2.0)
+        << "both directions";
+    EXPECT_TRUE(echoBack(c.fd.get(), "on sockmap", kIo).ok());
+    EXPECT_EQ(endStream(c.fd.get(), kIo), "") << "the FIN came back after every byte";
+    EXPECT_TRUE(next.waitForMetric(kActive, metric::listener(), 0.0));
+    next.terminate();
+}
+
 // A ring has one reader, so its connections cross together or not at all: with one worker, a
 // sockmap connection on a listener the new relay does not have keeps the other (whose listener
 // it has) in the old relay too. Both relay on there, whole, until they end.

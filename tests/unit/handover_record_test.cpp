@@ -33,6 +33,8 @@ HandedConn sample() {
     h.attempts = 2;
     h.bytes[0] = 1ull << 40;
     h.bytes[1] = 17;
+    h.proxy_in = 107;
+    h.proxy_out = 52;
     h.dir[0] = {true, true, false, 0};
     h.dir[1] = {false, true, true, 65'536};
     return h;
@@ -66,6 +68,8 @@ TEST(HandoverRecordTest, AConnectionAndItsFdsCrossAsSent) {
     EXPECT_EQ(got->attempts, sent.attempts);
     EXPECT_EQ(got->bytes[0], sent.bytes[0]);
     EXPECT_EQ(got->bytes[1], sent.bytes[1]);
+    EXPECT_EQ(got->proxy_in, 107u);
+    EXPECT_EQ(got->proxy_out, 52u);
     for (int d = 0; d < 2; ++d) {
         EXPECT_EQ(got->dir[d].finished, sent.dir[d].finished) << d;
         EXPECT_EQ(got->dir[d].eof, sent.dir[d].eof) << d;
