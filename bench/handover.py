@@ -19,13 +19,22 @@ peers' 3 s hard stop). The ways, interleaved round-robin (order rotated every ro
   zcrelay-handover  `zcrelay -c SAMEFILE --takeover` beside a relay with takeover_socket, mode
                     splice: the live connections cross to the new relay, the old one exits.
                     Ready: the new relay's "zcrelay: ready".
-  zcrelay-kept      the same, except that the new relay's config names the listener
-                    differently (t-new for t): it takes the listening sockets (matched by
-                    address) but none of the connections (a connection crosses only to a
-                    listener of its name), so the old relay keeps and drains them all
+  zcrelay-handover-sockmap  the same with the listener's mode sockmap: the connections' sockets
+                    stay in the SOCKHASH they are in and the new relay adopts the old one's maps
+                    (and each worker's wake-up ring) by fd.
+  zcrelay-handover-copy     the same with mode copy: a direction first sends what it holds in
+                    user space, reading nothing more, then crosses as on splice.
+                    On these three, the old relay's zcrelay_sockmap_sockets is read once the
+                    client's connections are up (before the load), and the new relay's at trigger
+                    + 3.0 s (after the windows below, the load still running): 2 L on sockmap,
+                    0 on splice and copy.
+  zcrelay-kept      as zcrelay-handover (mode splice), except that the new relay's config names
+                    the listener differently (t-new for t): it takes the listening sockets
+                    (matched by address) but none of the connections (a connection crosses only
+                    to a listener of its name), so the old relay keeps and drains them all
                     (drain_timeout 60s): a takeover as it was before the handover, on the same
-                    data path. (Mode copy stayed behind as well when this bench was written;
-                    the handover of copy connections was being added then.)
+                    data path. Every mode's connections can cross now, so renaming the listener
+                    is the way to keep them.
   haproxy-reload    haproxy -W -S, `expose-fd listeners`, `hard-stop-after 3s`; SIGUSR2 to the
                     master. Ready: the master's "Loading success." after "New worker (N) forked".
   nginx-usr2        nginx stream, `worker_shutdown_timeout 3s`; SIGUSR2, then SIGQUIT to the old
@@ -42,19 +51,25 @@ later): its longest wait for one echo among the messages sent in [trigger - 0.5 
 is run again, at most twice, and listed). Median and max over the connections of a round, then
 median (min-max) over the rounds.
 
-Part 2, the time to hand N idle connections over (zcrelay-handover only), N in 1000, 2000, 4000,
-8000:
+Part 2, the time to hand N idle connections over (zcrelay-handover), N in 1000, 2000, 4000,
+8000, each on mode splice and on mode sockmap (the 8 (mode, N) pairs interleaved, the order
+rotated every round):
 N connections opened from this process (non-blocking, selectors): connect, 1 byte 'x' echoed,
 then idle; the echo server's open fds are checked to hold them. They are opened 500 at a time,
 each batch once the relay's pipes are back (zcrelay_pipes_in_use 0): opened at once, 4,000
-connections want 8,000 pipes within one tick, past max_pipes (4,096), and a direction that finds
-none moves to copy for good (zcrelay_pipe_fallbacks_total, checked to be 0 before the takeover).
-ZCRELAY_HANDOVER_BATCH=0 opens them all at once anyway. Then the takeover; from the new
-relay's log line "... and N connections in X ms after READY", the handover time; the old relay's
-exit after the new one's ready line; every connection checked to echo 1 byte afterwards; and
-zcrelay_handover_connections_total{result="taken"} read from the metrics address (handed over
-too) checked to equal N; the echo check runs in the same batches, and the new relay's
-zcrelay_pipe_fallbacks_total is reported (0 expected: an adopted idle direction takes no pipe).
+splice connections want 8,000 pipes within one tick, past max_pipes (4,096), and a direction
+that finds none moves to copy for good (zcrelay_pipe_fallbacks_total, checked to be 0 before the
+takeover). A sockmap connection takes no pipe once its sockets are in the map, so there the wait
+returns at once; the same batches keep the two modes' rounds alike. ZCRELAY_HANDOVER_BATCH=0
+opens them all at once anyway. On sockmap the old relay's zcrelay_sockmap_sockets is checked to
+be 2 N and zcrelay_sockmap_fallbacks_total 0 before the takeover (none relayed by splice
+instead). Then the takeover; from the new relay's log line "... and N connections in X ms after
+READY", the handover time; the old relay's exit after the new one's ready line; every connection
+checked to echo 1 byte afterwards; and zcrelay_handover_connections_total{result="taken"} read
+from the metrics address (handed over too) checked to equal N; the echo check runs in the same
+batches. Reported from the new relay after it: on splice its zcrelay_pipe_fallbacks_total (0
+expected: an adopted idle direction takes no pipe); on sockmap its zcrelay_sockmap_sockets (2 N
+expected: the adopted connections' sockets, counted by the relay that now serves them).
 8,000 is near the most one relay holds with RLIMIT_NOFILE 20,000 (this machine's cap: ~9,900
 connections with 2 workers); 10,000 and 100,000 need a higher limit.
 
@@ -90,7 +105,11 @@ import upgrade as U   # noqa: E402  bench/upgrade.py: importing it starts nothin
 from upgrade import OWNED, Tap, free_port, popen, stop, echo_once   # noqa: E402
 
 ECHO = U.ECHO
-WAYS = ("zcrelay-handover", "zcrelay-kept", "haproxy-reload", "nginx-usr2")
+WAYS = ("zcrelay-handover", "zcrelay-handover-sockmap", "zcrelay-handover-copy", "zcrelay-kept",
+        "haproxy-reload", "nginx-usr2")
+# The zcrelay ways and their listener's mode (zcrelay-kept: see Zc).
+ZC_MODE = {"zcrelay-handover": "splice", "zcrelay-handover-sockmap": "sockmap",
+           "zcrelay-handover-copy": "copy", "zcrelay-kept": "splice"}
 L = 50                 # long-lived connections per round
 MSG = 64               # bytes per message
 INTERVAL = 0.005       # s between an echo and the next message
@@ -105,6 +124,9 @@ SLOW_MS = 100          # a longer pause in a zcrelay round: its timeline and log
 LOST_AFTER = 1.0       # an echo not back this long after its send at the end: lost
 POLL = 0.005           # /proc polling of the old process
 NS = (1000, 2000, 4000, 8000)
+IDLE_MODES = ("splice", "sockmap")
+IDLE = [(m, n) for n in NS for m in IDLE_MODES]   # part 2's rounds, the modes interleaved
+SOCKMAP_AT = CALM[1] + 0.1   # s after the trigger: the new relay's sockmap sockets, part 1
 OPEN_INFLIGHT = 256    # idle connections being opened at once
 # Opened in batches of this many, each once the relay's pipes are back (see idle_round);
 # ZCRELAY_HANDOVER_BATCH=0 opens them all at once.
@@ -296,14 +318,16 @@ def start_echo(seconds):
 # --------------------------------------------------------------------------- the ways
 
 class Zc(U.Zcrelay):
-    """A relay with takeover_socket, mode splice, upgraded by --takeover. With kept, the new
-    relay's config names the listener differently: it takes the listening sockets (matched by
-    address) but no connection (a connection crosses only to a listener of its own name), so
-    the old relay keeps and drains them all, as a takeover did before the handover."""
+    """A relay with takeover_socket, the listener's mode `mode` (splice, sockmap, copy),
+    upgraded by --takeover. With kept, the new relay's config names the listener differently:
+    it takes the listening sockets (matched by address) but no connection (a connection crosses
+    only to a listener of its own name), so the old relay keeps and drains them all, as a
+    takeover did before the handover."""
 
-    def __init__(self, kept, *a):
+    def __init__(self, kept, mode, *a):
         super().__init__("takeover", *a)
         self.kept = kept
+        self.mode = mode
 
     def config(self, port, name="t", suffix=""):
         cfg = self.path(f"zcrelay{suffix}.yaml")
@@ -312,7 +336,7 @@ class Zc(U.Zcrelay):
                     f"takeover_socket: {self.path('takeover.sock')}\n"
                     "metrics:\n  listen: 127.0.0.1:0\n"
                     f"listeners:\n  - name: {name}\n    listen: 127.0.0.1:{port}\n"
-                    f"    upstream: 127.0.0.1:{self.echo}\n    mode: splice\n")
+                    f"    upstream: 127.0.0.1:{self.echo}\n    mode: {self.mode}\n")
         return cfg
 
     def start(self, port):
@@ -428,10 +452,10 @@ stream {{
 
 
 def make_way(name, tmp, tag, echo_port):
-    if name == "zcrelay-kept":
-        return Zc(True, tmp, tag, echo_port)
-    if name.startswith("zcrelay-"):
-        return Zc(False, tmp, tag, echo_port)
+    if name.startswith("zcrelay-idle-"):   # part 2: zcrelay-idle-MODE
+        return Zc(False, name.rsplit("-", 1)[1], tmp, tag, echo_port)
+    if name in ZC_MODE:
+        return Zc(name == "zcrelay-kept", ZC_MODE[name], tmp, tag, echo_port)
     return {"haproxy-reload": Haproxy, "nginx-usr2": Nginx}[name](tmp, tag, echo_port)
 
 
@@ -545,6 +569,10 @@ def pp_round(name, rnd, tmp, echo_port):
         ctap, cerr = Tap(client.stdout), Tap(client.stderr)
         if ctap.wait(r"^up$", 0, 15) is None:
             die(f"{tag}: the ping-pong client did not come up:\n{cerr.text()}")
+        res["sockmap_old"] = res["sockmap_new"] = None
+        if isinstance(way, Zc):   # before the load: the sockets the old relay has in its maps
+            maddr = way.metrics_addr()
+            res["sockmap_old"] = metric(scrape(maddr), "zcrelay_sockmap_sockets")
         start_at = mono() + 0.05
         trig_at, end_at = start_at + BEFORE, start_at + BEFORE + AFTER
         client.stdin.write(f"{start_at!r} {end_at!r}\n".encode())
@@ -553,6 +581,11 @@ def pp_round(name, rnd, tmp, echo_port):
         old = way.old_pid()
         watch = ExitWatch(old, end_at + OLD_GONE_TIMEOUT)
         t_trig, t_ready = way.upgrade()
+        if isinstance(way, Zc):
+            # After the windows, the load still running: the new relay's (the metrics socket is
+            # handed over with the rest).
+            time.sleep(max(0.0, t_trig + SOCKMAP_AT - mono()))
+            res["sockmap_new"] = metric(scrape(maddr), "zcrelay_sockmap_sockets")
         try:
             client.wait(timeout=max(0.0, end_at - mono()) + 5)
         except subprocess.TimeoutExpired:
@@ -584,9 +617,14 @@ def pp_round(name, rnd, tmp, echo_port):
             if res["handed"] != want:
                 way.problems.append(f"the old relay handed over/kept/failed {res['handed']}, "
                                     f"not {want}")
+            if way.mode == "sockmap":
+                for k, who in (("sockmap_old", "old relay before"),
+                               ("sockmap_new", "new relay after")):
+                    if res[k] != 2 * L:
+                        way.problems.append(f"sockmap sockets, {who}: {res[k]}, not {2 * L}")
         if not echo_once(port):
             way.problems.append("not serving after the upgrade")
-        zc_bad = name == "zcrelay-handover" or name == "zcrelay-kept"
+        zc_bad = isinstance(way, Zc)
         if isinstance(way, Zc) and (SHOW_LOGS or (res["pause_max"] or 0) > SLOW_MS):
             log(f"{tag}: a pause of {fmt(res['pause_max'])} ms; the timeline (ms after the "
                 f"trigger): ready {res['upgrade_ms']:+.1f}, old relay gone "
@@ -718,10 +756,10 @@ def wait_pipes_back(addr, deadline):
         time.sleep(0.05)
 
 
-def idle_round(n, rnd, tmp, echo, echo_port):
-    tag = f"r{rnd}-idle{n}"
-    way, port = started("zcrelay-idle", tag, tmp, echo_port)
-    res = {"n": n, "problems": way.problems}
+def idle_round(mode, n, rnd, tmp, echo, echo_port):
+    tag = f"r{rnd}-idle-{mode}{n}"
+    way, port = started(f"zcrelay-idle-{mode}", tag, tmp, echo_port)
+    res = {"mode": mode, "n": n, "problems": way.problems}
     socks = []
     try:
         maddr = way.metrics_addr()
@@ -731,6 +769,7 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         # In batches, each once the last one's pipes are back: opened all at once, 4,000
         # connections want 8,000 pipes within one tick, past max_pipes (4,096), and the
         # directions left without one move to copy for good, which a handover leaves behind.
+        # (Sockmap: the wait is harmless, its connections hold no pipe once in the map.)
         while len(socks) < n and mono() < deadline:
             more, failed = open_idle(port, min(OPEN_BATCH or n, n - len(socks)), deadline)
             socks += more
@@ -745,6 +784,15 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         res["fallbacks"] = metric(before, "zcrelay_pipe_fallbacks_total")
         if res["fallbacks"] != 0:
             way.problems.append(f"pipe fallbacks to copy before the takeover: {res['fallbacks']}")
+        res["sockmap_before"] = metric(before, "zcrelay_sockmap_sockets")
+        res["sockmap_fallbacks"] = metric(before, "zcrelay_sockmap_fallbacks_total")
+        if mode == "sockmap":
+            if res["sockmap_before"] != 2 * n:
+                way.problems.append(f"sockmap sockets before the takeover: "
+                                    f"{res['sockmap_before']}, not {2 * n}")
+            if res["sockmap_fallbacks"] != 0:
+                way.problems.append("sockmap fallbacks (relayed by splice instead) before the "
+                                    f"takeover: {res['sockmap_fallbacks']}")
         held = count_fds(echo.pid) - echo_before
         if held < n:
             die(f"{tag}: the echo server holds {held} more fds, not {n}")
@@ -782,8 +830,12 @@ def idle_round(n, rnd, tmp, echo, echo_port):
         after = scrape(maddr)   # the new relay's, on the metrics socket it was handed
         res["taken"] = metric(after, "zcrelay_handover_connections_total", 'result="taken"')
         res["fallbacks_after"] = metric(after, "zcrelay_pipe_fallbacks_total")
+        res["sockmap_after"] = metric(after, "zcrelay_sockmap_sockets")
         if res["taken"] != n:
             way.problems.append(f"taken metric {res['taken']}, not {n}")
+        if mode == "sockmap" and res["sockmap_after"] != 2 * n:
+            way.problems.append(f"the new relay's sockmap sockets {res['sockmap_after']}, "
+                                f"not {2 * n}")
         if way.problems or SHOW_LOGS:
             log(f"{tag}: PROBLEMS: {'; '.join(way.problems) or 'none'}\n" + way.log_text())
         return res
@@ -802,6 +854,11 @@ def fmt(x):
     return "-" if x is None else f"{x:.1f}"
 
 
+def num(x):
+    """A metric read (a float, or the error string) as printed."""
+    return f"{x:.0f}" if isinstance(x, float) else str(x)
+
+
 def main():
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     if rounds < 1:
@@ -818,7 +875,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = tempfile.mkdtemp(prefix="zcrelay-handover-")
     pp = {w: [] for w in WAYS}
-    idle = {n: [] for n in NS}
+    idle = {mn: [] for mn in IDLE}
     redone = []
     t_run = mono()
     try:
@@ -829,7 +886,7 @@ def main():
             sha = hashlib.sha256(f.read()).hexdigest()
         built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(U.RELAY).st_mtime))
         U.RELAY = binary
-        echo, echo_port = start_echo(rounds * (len(WAYS) * 30 + len(NS) * 40) + 120)
+        echo, echo_port = start_echo(rounds * (len(WAYS) * 30 + len(IDLE) * 40) + 120)
         u = os.uname()
         host = (f"host: {u.sysname} {u.release} {u.version} {u.machine}; nproc {os.cpu_count()}; "
                 f"RLIMIT_NOFILE {nofile[0]}/{nofile[1]}; " + U.host_line()[len("host: "):]
@@ -849,7 +906,7 @@ def main():
                         f"window (the machine busy elsewhere; pause {fmt(r['pause_max'])} ms); "
                         "this round again")
                 pp[name].append(r)
-                log(f"round {rnd} {name:16} ended {r['ended']:2} {r['reasons'] or ''} lost "
+                log(f"round {rnd} {name:24} ended {r['ended']:2} {r['reasons'] or ''} lost "
                     f"{r['lost']} wrong {r['wrong']} answered {r['answered']:6} survived "
                     f"{r['survived']:2}  pause med/max {fmt(r['pause_med'])}/"
                     f"{fmt(r['pause_max'])} ms over {r['measured']} (before {fmt(r['base_med'])}/"
@@ -857,18 +914,22 @@ def main():
                     f"ready {r['upgrade_ms']:.1f} ms  old gone {fmt(r['old_ms'])} ms after ready"
                     + (f"  took {r['took']}" if r["took"] else "")
                     + (f"  old: handed/kept/failed {r['handed']}" if r["handed"] else "")
+                    + (f"  sockmap sockets old before/new after {r['sockmap_old']}/"
+                       f"{r['sockmap_new']}" if r["sockmap_old"] is not None else "")
                     + (f"  PROBLEMS: {'; '.join(r['problems'])}" if r["problems"] else ""))
-            k = (rnd - 1) % len(NS)
-            for n in NS[k:] + NS[:k]:
-                r = idle_round(n, rnd, tmp, echo, echo_port)
-                idle[n].append(r)
-                log(f"round {rnd} idle {n:5}: opened in {r['open_s']:.1f} s (echo holds "
-                    f"{r['echo_held']} more fds; pipe fallbacks {r['fallbacks']}); ready "
+            k = (rnd - 1) % len(IDLE)
+            for mode, n in IDLE[k:] + IDLE[:k]:
+                r = idle_round(mode, n, rnd, tmp, echo, echo_port)
+                idle[(mode, n)].append(r)
+                log(f"round {rnd} idle {mode:7} {n:5}: opened in {r['open_s']:.1f} s (echo holds "
+                    f"{r['echo_held']} more fds; pipe fallbacks {r['fallbacks']}; sockmap "
+                    f"sockets {r['sockmap_before']}, fallbacks {r['sockmap_fallbacks']}); ready "
                     f"{r['ready_ms']:.1f} ms after the trigger; took sockets in "
                     f"{r['sockets_ms']} ms, {r['conns']} connections in {r['handover_ms']} ms "
                     f"after READY; old gone {fmt(r['old_ms'])} ms after ready; old "
                     f"handed/kept/failed {r['handed']}; echoed after {r['echoed']}/{n}; taken "
-                    f"metric {r['taken']}; the new relay's pipe fallbacks {r['fallbacks_after']}"
+                    f"metric {r['taken']}; the new relay's pipe fallbacks {r['fallbacks_after']}, "
+                    f"sockmap sockets {r['sockmap_after']}"
                     + (f"  PROBLEMS: {'; '.join(r['problems'])}" if r["problems"] else ""))
         stop(echo.pid)
     finally:
@@ -922,30 +983,41 @@ def main():
     print()
     for name, rnd, ms in redone:
         print(f"- redone: {name} round {rnd}: a {ms:.0f} ms wait outside the window")
-    took_lines = [(w, i + 1, r["took"], r["handed"]) for w in WAYS[:2]
-                  for i, r in enumerate(pp[w])]
-    for w, i, took, handed in took_lines:
+    took_lines = [(w, i + 1, r) for w in WAYS if w in ZC_MODE for i, r in enumerate(pp[w])]
+    for w, i, r in took_lines:
+        took = r["took"]
         print(f"- {w} round {i}: the new relay took {took[1] if took else '?'} connections "
               f"({took[2] if took else '?'} ms after READY); the old one logged "
-              f"handed over/kept/failed {handed}")
+              f"handed over/kept/failed {r['handed']}; sockmap sockets: the old relay's before "
+              f"the load {num(r['sockmap_old'])}, the new relay's at trigger +{SOCKMAP_AT:.1f} s "
+              f"{num(r['sockmap_new'])}")
     print()
-    print("### Time to hand N idle connections over (zcrelay-handover, mode splice, 2 workers)")
-    print()
-    print("| N | connections in, ms after READY (new relay's log) | sockets, ms (log) | trigger "
-          "to ready, ms | old relay gone after ready, ms | echo after (of N) | taken metric | "
-          "old: handed/kept/failed | pipe fallbacks: old before, new after |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for n in NS:
-        rs = idle[n]
-        def col(k, fmt="{:.1f}", rs=rs):
-            return cell([r[k] for r in rs if isinstance(r[k], (int, float))], fmt)
-        hk = sorted({r["handed"] for r in rs})
-        tk = sorted({str(r["taken"]) for r in rs})
-        print(f"| {n} | {col('handover_ms')} | {col('sockets_ms')} | {col('ready_ms')} | "
-              f"{col('old_ms')} | {col('echoed', '{:.0f}')} | {', '.join(tk)} | "
-              f"{'; '.join('/'.join(map(str, h)) for h in hk)} | "
-              f"{col('fallbacks', '{:.0f}')}; {col('fallbacks_after', '{:.0f}')} |")
-    print()
+    for mode in IDLE_MODES:
+        print(f"### Time to hand N idle connections over (zcrelay-handover, mode {mode}, "
+              "2 workers)")
+        print()
+        last = ("pipe fallbacks: old before, new after" if mode == "splice" else
+                "sockmap sockets: old before, new after (2 N expected); sockmap fallbacks "
+                "before")
+        print("| N | connections in, ms after READY (new relay's log) | sockets, ms (log) | "
+              "trigger to ready, ms | old relay gone after ready, ms | echo after (of N) | "
+              f"taken metric | old: handed/kept/failed | {last} |")
+        print("|---|---|---|---|---|---|---|---|---|")
+        for n in NS:
+            rs = idle[(mode, n)]
+            def col(k, fmt="{:.1f}", rs=rs):
+                return cell([r[k] for r in rs if isinstance(r[k], (int, float))], fmt)
+            hk = sorted({r["handed"] for r in rs})
+            tk = sorted({str(r["taken"]) for r in rs})
+            if mode == "splice":
+                extra = f"{col('fallbacks', '{:.0f}')}; {col('fallbacks_after', '{:.0f}')}"
+            else:
+                extra = (f"{col('sockmap_before', '{:.0f}')}; {col('sockmap_after', '{:.0f}')}; "
+                         f"{col('sockmap_fallbacks', '{:.0f}')}")
+            print(f"| {n} | {col('handover_ms')} | {col('sockets_ms')} | {col('ready_ms')} | "
+                  f"{col('old_ms')} | {col('echoed', '{:.0f}')} | {', '.join(tk)} | "
+                  f"{'; '.join('/'.join(map(str, h)) for h in hk)} | {extra} |")
+        print()
     batch = (f"in batches of {OPEN_BATCH}, each once the relay's pipes were back"
              if OPEN_BATCH else "all at once (ZCRELAY_HANDOVER_BATCH=0)")
     print(f"Median (min–max) over {rounds} rounds. N stops at 8,000: with RLIMIT_NOFILE "
@@ -956,9 +1028,13 @@ def main():
           "echoed, idle); the echo server was checked to hold N more fds; after the takeover each "
           f"connection echoed 1 more byte, in the same batches (bounded {IDLE_CHECK_TIMEOUT:.0f} "
           "s in all), and `zcrelay_handover_connections_total{result=\"taken\"}` was read from "
-          "the same metrics address.")
+          "the same metrics address. Sockmap sockets: `zcrelay_sockmap_sockets`, the old "
+          "relay's before the takeover and the new relay's after the echo check (2 per "
+          "connection: client and upstream); sockmap fallbacks: "
+          "`zcrelay_sockmap_fallbacks_total` before the takeover (connections relayed by splice "
+          "instead).")
     problems = [(w, i + 1, p) for w in WAYS for i, r in enumerate(pp[w]) for p in r["problems"]]
-    problems += [(f"idle {n}", i + 1, p) for n in NS for i, r in enumerate(idle[n])
+    problems += [(f"idle {m} {n}", i + 1, p) for m, n in IDLE for i, r in enumerate(idle[(m, n)])
                  for p in r["problems"]]
     if problems:
         print()
