@@ -149,7 +149,11 @@ unsigned Paths::promote(const PromoteRequest& r, PathState& state, Pump& up, Pum
         auto* splice = std::get_if<SplicePump>(pump);
         if (splice == nullptr || !splice->betweenReads()) return 0;
     }
-    if (!ownMaps()) return 0;  // its ring crossed at a handover: no one here would hear it
+    if (!ownMaps()) {
+        // Its ring crossed at a handover: no one here would hear its connections.
+        state.watch.on = false;
+        return 0;
+    }
     if (r.live > r.auto_max) {
         // Too many connections for the kernel path to pay: look again after as many turns
         // (some may have closed by then).

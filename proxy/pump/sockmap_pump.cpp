@@ -45,22 +45,7 @@ Step SockmapPump::onCompletion(const PumpPort& p, PumpEnv& env, Op op, int res, 
             return out;
         case Op::Barrier:
             barrier_armed_ = false;
-            switch (phase_) {
-                case Phase::Redirecting:
-                    checkEnd(p, env, out);
-                    break;
-                case Phase::CatchingUp:
-                    catchUp(p, env, out);
-                    break;
-                case Phase::Copying:
-                    advanceCopy(p, env, out);
-                    break;
-                case Phase::Ending:
-                    finBarrier(p, env, out);
-                    break;
-                case Phase::Finished:
-                    break;
-            }
+            stepAgain(p, env, out, true);
             return out;
         case Op::Recv: {
             if ((res == 0 || res == -EAGAIN) && hasPassed(*map_)) {
@@ -339,9 +324,19 @@ SockmapPump SockmapPump::adopted(Sockmap& map, uint32_t pair_record, uint8_t dir
 
 Step SockmapPump::restart(const PumpPort& p, PumpEnv& env) {
     Step out;
+    stepAgain(p, env, out, false);
+    return out;
+}
+
+void SockmapPump::stepAgain(const PumpPort& p, PumpEnv& env, Step& out, bool timer) {
     switch (phase_) {
         case Phase::Redirecting:
-            redirect(p, env, out);
+            // A timer here is the EOF's peek asking again (checkEnd); resuming, every wait of
+            // the phase is armed afresh.
+            if (timer)
+                checkEnd(p, env, out);
+            else
+                redirect(p, env, out);
             break;
         case Phase::CatchingUp:
             catchUp(p, env, out);
@@ -353,10 +348,9 @@ Step SockmapPump::restart(const PumpPort& p, PumpEnv& env) {
             finBarrier(p, env, out);
             break;
         case Phase::Finished:
-            if (!p.src_write_shut) copy_.watch().armErrors(p);
+            if (!timer && !p.src_write_shut) copy_.watch().armErrors(p);
             break;
     }
-    return out;
 }
 
 Step SockmapPump::scan(const PumpPort& p, PumpEnv& env) {

@@ -102,6 +102,8 @@ class SockmapPump {
     // To the FIN: what this direction moved must reach dst first (finBarrier).
     void startEnding(const PumpPort& p, PumpEnv& env, Step& out);
     bool eofSeen() const { return phase_ >= Phase::Ending || copy_.eof(); }
+    // The step the phase waits for, again: after a barrier's `timer`, or resuming (restart).
+    void stepAgain(const PumpPort& p, PumpEnv& env, Step& out, bool timer);
     // Back to the kernel path: watch for the FIN, unless passed bytes or the FIN wait.
     void redirect(const PumpPort& p, PumpEnv& env, Step& out);
     void onWatch(const PumpPort& p, PumpEnv& env, int res, Step& out);
