@@ -236,9 +236,14 @@ uint32_t Paths::slotOf(const WakeRing& r, uint32_t index) const {
     if (r.own)
         return index >= base_ && (index - base_) / 2 < max_conns_ ? (index - base_) / 2
                                                                   : UINT32_MAX;
-    const uint64_t first = uint64_t{r.index} * r.map->recordsPerWorker();
-    if (index < first || (index - first) / 2 >= r.slot_of.size()) return UINT32_MAX;
-    return r.slot_of[(index - first) / 2];
+    const uint32_t* slot = r.entry(index);
+    return slot != nullptr ? *slot : UINT32_MAX;
+}
+
+uint32_t* Paths::WakeRing::entry(uint32_t record) {
+    const uint64_t first = uint64_t{index} * map->recordsPerWorker();
+    if (record < first || (record - first) / 2 >= slot_of.size()) return nullptr;
+    return &slot_of[(record - first) / 2];
 }
 
 int Paths::onWake(void* self, void* data, size_t size) {
@@ -315,11 +320,8 @@ void Paths::handedOver(PathState& state) { forget(state); }
 void Paths::forget(PathState& state) {
     for (int i = 0; i < 2; ++i)
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.sub();
-    if (int ring = ringOf(state); ring >= 0 && !rings_[ring].own) {
-        const uint64_t first = uint64_t{rings_[ring].index} * state.sockmap.map->recordsPerWorker();
-        const uint64_t key = (state.sockmap.record - first) / 2;
-        if (key < rings_[ring].slot_of.size()) rings_[ring].slot_of[key] = UINT32_MAX;
-    }
+    if (int ring = ringOf(state); ring >= 0 && !rings_[ring].own)
+        if (uint32_t* slot = rings_[ring].entry(state.sockmap.record)) *slot = UINT32_MAX;
 }
 
 Result<uint32_t> Paths::adoptRing(Sockmap& map, uint32_t index) {
@@ -349,9 +351,7 @@ void Paths::adopt(PathState& state, uint32_t slot) {
         if (state.sockmap.in_map[i]) stats_.sockmap_sockets.add();
     const int ring = ringOf(state);
     if (ring < 0 || rings_[ring].own) return;
-    const uint64_t first = uint64_t{rings_[ring].index} * state.sockmap.map->recordsPerWorker();
-    const uint64_t key = (state.sockmap.record - first) / 2;
-    if (key < rings_[ring].slot_of.size()) rings_[ring].slot_of[key] = slot;
+    if (uint32_t* entry = rings_[ring].entry(state.sockmap.record)) *entry = slot;
 }
 
 }  // namespace zcrelay

@@ -181,6 +181,11 @@ class Paths {
         // Adopted: (record - first record of the ring) / 2 -> slot, UINT32_MAX for none. The
         // own ring's slots follow from the record (base_).
         std::vector<uint32_t> slot_of;
+        // Adopted: record `record`'s place in slot_of (a pair's two records share one), or null.
+        uint32_t* entry(uint32_t record);
+        const uint32_t* entry(uint32_t record) const {
+            return const_cast<WakeRing*>(this)->entry(record);
+        }
         bool own = false;
         bool polling = false;  // a poll is in flight
         bool held = false;     // handing over: no poll is armed again
