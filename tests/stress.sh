@@ -15,7 +15,12 @@
 #   AReaderPastTheDeadline        the stop hit the reader's vfork window, 1 run in 4 (39e91d3)
 #   FullDuplexEchoes              io_uring's poll retried passed-byte recvs, 1 in 10 (8c12dd5)
 #   AdminApi.*Ready|AdminDrain    'ready' counted a connection of the running load (44c3b04)
-#   DiscoveryScaleTest            the backends' accepts trail the relay's count (6deb047)
+#   DiscoveryScaleTest            the backends' accepts trail the relay's count (6deb047);
+#                                 12 tries missed one of 4 backends (3% a run, ASan CI);
+#                                 /sockmap: all long-lived ping-pongs of a relay stall at once,
+#                                 in every one of 8 parallel copies at the same moment (a
+#                                 machine-wide trigger; the kernel logs sockmap WARNs), not
+#                                 fixed: see docs/testing.md, "Known sockmap stall"
 #   LifetimeTest                  fin timeouts and max_connection_duration: deadlines
 #   ControlPlane|Reload           reloads under deadlines, signals during reloads
 #   UpstreamResetMidStream        the RST arrived before the client's connect returned (dce4e51)

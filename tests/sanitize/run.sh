@@ -61,6 +61,8 @@ export TSAN_OPTIONS="${TSAN_OPTIONS:-second_deadlock_stack=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}"
 echo "sanitize.$kind: profile $profile, $jobs cases at a time"
 status=0
+# A failure log left by an earlier run would be digested again below.
+rm -f "$tree/Testing/Temporary/LastTestsFailed.log" "$tree/relay-cases/Testing/Temporary/LastTestsFailed.log"
 echo "sanitize.$kind: the in-process cases, built with the sanitizer"
 # The unit cases run as one process here (tests/CMakeLists.txt): it leaves out what -LE would.
 ZCRELAY_TEST_LEAVE_OUT=${skip#|} ctest --test-dir "$tree" -j "$jobs" -L 'unit|kernel|integration' ${skip:+-LE "${skip#|}"} \
@@ -74,4 +76,23 @@ printf 'subdirs("%s")\n' "$main/tests" >"$cases/CTestTestfile.cmake"
 ZCRELAY_TEST_RELAY="$tree/zcrelay" ZCRELAY_TEST_RELAY_SANITIZED=1 \
     ctest --test-dir "$cases" -j "$jobs" -L integration -LE "soak|inprocess$skip" \
     --output-on-failure || status=1
+# The failures once more, last: CI keeps the head and the tail of a long run's output, and
+# ctest printed each failing case's output somewhere in the middle (a red run's record once
+# showed only the failing case's name).
+digest() {
+    local dir=$1/Testing/Temporary name
+    [[ -s $dir/LastTestsFailed.log ]] || return 0
+    while IFS=: read -r _ name; do
+        echo "sanitize.$kind: FAILED $name"
+        awk -v name="$name" '
+            index($0, "Testing: " name) && $0 ~ (name "$") { on = 1; next }
+            on && /^<end of output>/ { exit }
+            on && /Failure|Which is|Expected|Actual|Value of|ERROR: |SUMMARY: |Timeout|FAILED/ { print "    " $0; if (++n == 40) exit }
+        ' "$dir/LastTest.log"
+    done <"$dir/LastTestsFailed.log"
+}
+if [[ $status -ne 0 ]]; then
+    digest "$tree"
+    digest "$cases"
+fi
 exit $status
