@@ -27,6 +27,10 @@ packages=(
   # PostgreSQL, psql and pgbench, run as the postgres user in a data directory of their own;
   # sshd and scp, an sshd of the test's own on a loopback port (no system service is started)
   postgresql openssh-server openssh-client
+  # failover behind the relay (tests/integration/patroni_test.cpp, bench/failover.sh): Patroni
+  # managing PostgreSQL nodes of the test's own, with etcd as its store (started by the test on
+  # loopback ports, never as system services)
+  patroni etcd-server etcd-client python3-etcd
   # the suite's stress runs (tests/stress.sh): the cases again while both CPUs are busy
   stress-ng
   # packaging checks (tests/deploy): cpack's DEB generator (dpkg-shlibdeps, file),

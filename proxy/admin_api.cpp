@@ -83,7 +83,8 @@ tl::expected<std::string, std::string> readToken(const std::string& path) {
     return std::string(line);
 }
 
-std::string backendJson(const BackendRt& b) {
+// `b` is one of `c`'s backends.
+std::string backendJson(const ClusterRt& c, const BackendRt& b) {
     const BackendState& st = *b.state;
     const int32_t set = st.weight_override.load();
     std::string out = "{\"address\":" + jsonString(b.key);
@@ -93,6 +94,13 @@ std::string backendJson(const BackendRt& b) {
     out += ",\"config_weight\":" + std::to_string(b.spec_weight);
     out += ",\"active\":" + std::to_string(std::max(0, st.active.load()));
     out += ",\"takes_new_connections\":" + std::string(st.takesNew() ? "true" : "false");
+    out += ",\"backup\":" + std::string(b.config.backup ? "true" : "false");
+    out += ",\"tier\":" + std::to_string(b.config.tier);
+    // Takes new connections and is in the tier that serves: a backup while every primary is
+    // down, a primary otherwise.
+    const bool serving =
+        c.serving().admits(c.backends, static_cast<size_t>(&b - c.backends.data()));
+    out += ",\"serving\":" + std::string(serving ? "true" : "false");
     return out + "}";
 }
 
@@ -179,7 +187,7 @@ std::string AdminApi::clusterJson(const ClusterRt& cluster,
     }
     out += ",\"backends\":[";
     for (size_t i = 0; i < cluster.backends.size(); ++i)
-        out += (i ? "," : "") + backendJson(cluster.backends[i]);
+        out += (i ? "," : "") + backendJson(cluster, cluster.backends[i]);
     return out + "]}";
 }
 
@@ -226,7 +234,7 @@ HttpReply AdminApi::answer(const HttpRequest& request) {
         return fail(AdminResult::NotFound, 404,
                     "cluster " + name + " has no backend " + jsonString(address));
     if (write) return change(*cluster, *backend, request.body);
-    ok.body = backendJson(*backend) + "\n";
+    ok.body = backendJson(*cluster, *backend) + "\n";
     return ok;
 }
 
@@ -289,19 +297,20 @@ HttpReply AdminApi::change(const ClusterRt& cluster, const BackendRt& backend,
         stats_.changes[idx(AdminChange::Shutdown)].fetch_add(1);
         LOG_INFO("admin: %s: ending its %d live connections", who.c_str(),
                  std::max(0, st.active.load()));
-        hooks_.end_connections(backend.state);
+        hooks_.end_connections(backend.state, who);
     }
     // Read back from the generation the change built, if it built one.
     const std::shared_ptr<const Runtime> rt = hooks_.current();
+    const ClusterRt* in = &cluster;
     const BackendRt* now = &backend;
     for (const ClusterRt& c : rt->clusters) {
         if (c.config.name != cluster.config.name) continue;
         for (const BackendRt& b : c.backends)
-            if (b.key == backend.key) now = &b;
+            if (b.key == backend.key) in = &c, now = &b;
     }
     HttpReply ok;
     ok.content_type = "application/json";
-    ok.body = backendJson(*now) + "\n";
+    ok.body = backendJson(*in, *now) + "\n";
     return ok;
 }
 

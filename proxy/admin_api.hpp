@@ -76,7 +76,7 @@ class AdminApi {
         std::function<std::shared_ptr<const Runtime>()> current;
         std::function<std::map<std::string, DiscoveryView>()> discovery;  // may be empty
         std::function<void()> rebuild;  // a weight changed: build the next generation
-        std::function<void(std::shared_ptr<BackendState>)> end_connections;
+        std::function<void(std::shared_ptr<BackendState>, const std::string& who)> end_connections;
     };
 
     // Reads the token file (its first line without the spaces and tabs around it; one empty

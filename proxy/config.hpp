@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "access_log.hpp"
@@ -33,17 +34,47 @@ struct KeepaliveConfig {
     bool operator==(const KeepaliveConfig&) const = default;
 };
 
+// An HTTP/1.1 check (HAProxy's `option httpchk` + `http-check expect status`, what Patroni's
+// REST API is checked with): `method path` with a Host header and `Connection: close`; the
+// reply's status must be in `expect_status`, and, if set, `expect_body` must appear in the
+// first kMaxReply bytes of the reply after its headers (as sent: chunked framing is not
+// decoded).
+struct HttpCheckConfig {
+    bool enabled = false;  // set by the presence of the `http` map
+    std::string method = "GET";
+    std::string path = "/";
+    std::string host;                       // "" = the checked address
+    std::string expect_status = "200-399";  // codes and ranges: "200", "200,204", "200-299"
+    std::string expect_body;
+    // expect_status parsed at load: inclusive ranges.
+    std::vector<std::pair<uint16_t, uint16_t>> statuses{{200, 399}};
+
+    // What a check reads of a reply at most: a 10 MB answer costs 16 KiB (HAProxy's
+    // tune.chksize default).
+    static constexpr size_t kMaxReply = 16 * 1024;
+    bool statusPasses(unsigned code) const {
+        for (auto [lo, hi] : statuses)
+            if (code >= lo && code <= hi) return true;
+        return false;
+    }
+    bool operator==(const HttpCheckConfig&) const = default;
+};
+
 // Active checks: a TCP connect every `interval` (optionally `send` bytes and `expect` a reply
-// starting with a prefix), each bounded by `timeout`. `rise` passes in a row bring a down
-// backend up, `fall` failures in a row take an up one down.
+// starting with a prefix, or an HTTP request and its status), each bounded by `timeout`. `rise`
+// passes in a row bring a down backend up, `fall` failures in a row take an up one down. The
+// check goes to the backend's address, on `port` when set (Patroni: the REST port, 8008), or
+// to a backend's own `check_address`.
 struct HealthCheckConfig {
     bool enabled = false;  // set by the presence of the `health_check` map
     Duration interval = std::chrono::seconds(2);
     Duration timeout = std::chrono::seconds(1);
     unsigned rise = 2;
     unsigned fall = 3;
+    unsigned port = 0;  // 0 = the backend's
     std::string send;
     std::string expect;
+    HttpCheckConfig http;
 
     bool operator==(const HealthCheckConfig&) const = default;
 };
@@ -52,6 +83,11 @@ struct BackendConfig {
     SocketAddress address;  // TCP (IPv4/IPv6) or unix:/path
     unsigned weight = 1;
     ProxyVersion send_proxy = ProxyVersion::Off;  // the cluster's unless the backend sets it
+    // Takes connections only while no backend of a lower tier is up (HAProxy's `backup`: tier
+    // 1). SRV records' priorities are tiers too (discovery.hpp).
+    bool backup = false;
+    unsigned tier = 0;            // 0 = the primaries; backup: true is 1; an SRV priority's rank
+    SocketAddress check_address;  // unset: the backend's address (on health_check.port if set)
 
     bool operator==(const BackendConfig&) const = default;
 };
@@ -88,6 +124,12 @@ struct DiscoveryConfig {
     bool operator==(const DiscoveryConfig&) const = default;
 };
 
+// What happens to a backend's live connections when checks take it down (HAProxy's
+// `on-marked-down shutdown-sessions`), and to the backups' when a primary comes back up
+// (`on-marked-up shutdown-backup-sessions`). `none`: they finish on their own.
+enum class OnMarkedDown : uint8_t { None, ShutdownSessions };
+enum class OnMarkedUp : uint8_t { None, ShutdownBackupSessions };
+
 struct ClusterConfig {
     std::string name;  // unique; the `cluster` label of its metrics
     Balance balance = Balance::RoundRobin;
@@ -103,6 +145,11 @@ struct ClusterConfig {
     SocketAddress source;
     KeepaliveConfig tcp_keepalive;
     HealthCheckConfig health_check;
+    OnMarkedDown on_marked_down = OnMarkedDown::None;
+    OnMarkedUp on_marked_up = OnMarkedUp::None;
+    // With every primary down: all backups up take connections (HAProxy's `option
+    // allbackups`), or only the first in the list.
+    bool all_backups = false;
     // Either backends, or discovery (then backends is empty here: the Runtime takes the
     // discovered set).
     std::vector<BackendConfig> backends;

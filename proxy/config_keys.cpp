@@ -129,6 +129,13 @@ const Key<HealthCheckConfig> kHealthCheckKeyTable[] = {
      .min = 1,
      .max = 1000,
      .help = "failed checks in a row that take an up backend down"},
+    {.name = "port",
+     .kind = Kind::Count,
+     .member = &HealthCheckConfig::port,
+     .fallback = "0",
+     .max = 65535,
+     .help = "check the backend's address on this port (Patroni's REST API: 8008); 0 = the "
+             "backend's port"},
     {.name = "send",
      .kind = Kind::Text,
      .member = &HealthCheckConfig::send,
@@ -139,6 +146,37 @@ const Key<HealthCheckConfig> kHealthCheckKeyTable[] = {
      .member = &HealthCheckConfig::expect,
      .max = 4096,
      .help = "the reply must start with these bytes; \"\" = connecting is enough"},
+};
+
+const Key<HttpCheckConfig> kHttpCheckKeyTable[] = {
+    {.name = "method",
+     .kind = Kind::Text,
+     .member = &HttpCheckConfig::method,
+     .fallback = "GET",
+     .max = 32,
+     .help = "the request's method (Patroni's docs use OPTIONS)"},
+    {.name = "path",
+     .kind = Kind::Text,
+     .member = &HttpCheckConfig::path,
+     .fallback = "/",
+     .max = 1024,
+     .help = "the request's path, from / (Patroni: /primary, /replica, /read-only)"},
+    {.name = "host",
+     .kind = Kind::Text,
+     .member = &HttpCheckConfig::host,
+     .max = 255,
+     .help = "the Host header; \"\" = the checked address"},
+    {.name = "expect_status",
+     .kind = Kind::Text,
+     .member = &HttpCheckConfig::expect_status,
+     .fallback = "200-399",
+     .max = 256,
+     .help = "status codes that pass: 200, \"200,204\", \"200-299\""},
+    {.name = "expect_body",
+     .kind = Kind::Text,
+     .member = &HttpCheckConfig::expect_body,
+     .max = 1024,
+     .help = "if set, the body must contain these bytes within the reply's first 16 KiB"},
 };
 
 const Key<BackendConfig> kBackendKeyTable[] = {
@@ -158,6 +196,16 @@ const Key<BackendConfig> kBackendKeyTable[] = {
      .kind = Kind::Choice,
      .member = &BackendConfig::send_proxy,
      .help = "overrides the cluster's send_proxy for this backend"},
+    {.name = "backup",
+     .kind = Kind::Bool,
+     .member = &BackendConfig::backup,
+     .fallback = "false",
+     .help = "takes connections only while no other (non-backup) backend is up"},
+    {.name = "check_address",
+     .kind = Kind::OptionalAddress,
+     .member = &BackendConfig::check_address,
+     .help = "health checks go here instead of the backend's address; port 0 = "
+             "health_check.port or the backend's"},
 };
 
 const Key<ClusterConfig> kClusterKeyTable[] = {
@@ -198,6 +246,24 @@ const Key<ClusterConfig> kClusterKeyTable[] = {
      .min = ms(1ms),
      .max = ms(1h),
      .help = "without health checks, how long an ejected backend stays down"},
+    {.name = "on_marked_down",
+     .kind = Kind::Choice,
+     .member = &ClusterConfig::on_marked_down,
+     .fallback = "none",
+     .help = "shutdown_sessions: when checks take a backend down, close its live connections "
+             "at once (a demoted database primary); none: they finish"},
+    {.name = "on_marked_up",
+     .kind = Kind::Choice,
+     .member = &ClusterConfig::on_marked_up,
+     .fallback = "none",
+     .help = "shutdown_backup_sessions: when a non-backup backend comes up, close the "
+             "backups' live connections; none: they finish"},
+    {.name = "all_backups",
+     .kind = Kind::Bool,
+     .member = &ClusterConfig::all_backups,
+     .fallback = "false",
+     .help = "with every non-backup backend down: all backups take connections; false: the "
+             "first one up in the list"},
     {.name = "source",
      .kind = Kind::OptionalAddress,
      .member = &ClusterConfig::source,
@@ -537,6 +603,7 @@ const std::span<const Key<Config>> kTopKeys = kTopKeyTable;
 const std::span<const Key<AccessLogConfig>> kAccessLogKeys = kAccessLogKeyTable;
 const std::span<const Key<KeepaliveConfig>> kKeepaliveKeys = kKeepaliveKeyTable;
 const std::span<const Key<HealthCheckConfig>> kHealthCheckKeys = kHealthCheckKeyTable;
+const std::span<const Key<HttpCheckConfig>> kHttpCheckKeys = kHttpCheckKeyTable;
 const std::span<const Key<BackendConfig>> kBackendKeys = kBackendKeyTable;
 const std::span<const Key<ClusterConfig>> kClusterKeys = kClusterKeyTable;
 const std::span<const Key<DiscoveryConfig>> kDiscoveryKeys = kDiscoveryKeyTable;

@@ -83,6 +83,23 @@ struct Choices<StartupPolicy> {
     }
 };
 
+template <>
+struct Choices<OnMarkedDown> {
+    static constexpr std::string_view noun = "choice of on_marked_down";
+    static constexpr std::array values = {OnMarkedDown::None, OnMarkedDown::ShutdownSessions};
+    static std::string_view name(OnMarkedDown m) {
+        return m == OnMarkedDown::None ? "none" : "shutdown_sessions";
+    }
+};
+template <>
+struct Choices<OnMarkedUp> {
+    static constexpr std::string_view noun = "choice of on_marked_up";
+    static constexpr std::array values = {OnMarkedUp::None, OnMarkedUp::ShutdownBackupSessions};
+    static std::string_view name(OnMarkedUp m) {
+        return m == OnMarkedUp::None ? "none" : "shutdown_backup_sessions";
+    }
+};
+
 template <class E>
 std::string choiceList() {
     std::string names;
@@ -96,10 +113,10 @@ std::string choiceList() {
 enum class Kind { Count, Duration, Size, Address, OptionalAddress, Choice, Name, Text, Bool };
 
 template <class T>
-using Member =
-    std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*, Mode T::*,
-                 ProxyVersion T::*, Balance T::*, AccessLogFormat T::*, AddressFamilies T::*,
-                 AfterHold T::*, StartupPolicy T::*, std::string T::*, bool T::*>;
+using Member = std::variant<unsigned T::*, uint64_t T::*, Duration T::*, SocketAddress T::*,
+                            Mode T::*, ProxyVersion T::*, Balance T::*, AccessLogFormat T::*,
+                            AddressFamilies T::*, AfterHold T::*, StartupPolicy T::*,
+                            OnMarkedDown T::*, OnMarkedUp T::*, std::string T::*, bool T::*>;
 
 // One config key. The parser, renderConfig() and defaultConfigYaml() (the example config) all
 // read these tables, so defaults, ranges and help cannot drift apart.
@@ -124,6 +141,7 @@ extern const std::span<const Key<Config>> kTopKeys;
 extern const std::span<const Key<AccessLogConfig>> kAccessLogKeys;
 extern const std::span<const Key<KeepaliveConfig>> kKeepaliveKeys;
 extern const std::span<const Key<HealthCheckConfig>> kHealthCheckKeys;
+extern const std::span<const Key<HttpCheckConfig>> kHttpCheckKeys;
 extern const std::span<const Key<BackendConfig>> kBackendKeys;
 extern const std::span<const Key<ClusterConfig>> kClusterKeys;
 extern const std::span<const Key<DiscoveryConfig>> kDiscoveryKeys;

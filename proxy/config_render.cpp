@@ -91,6 +91,17 @@ void renderCluster(std::string& out, const ClusterConfig& c, bool with_help) {
         out += "    health_check:\n";
         renderKeys<HealthCheckConfig>(out, c.health_check, kHealthCheckKeys, with_help, "      ",
                                       "      ");
+        if (c.health_check.http.enabled) {
+            out += "      http:\n";
+            renderKeys<HttpCheckConfig>(out, c.health_check.http, kHttpCheckKeys, with_help,
+                                        "        ", "        ");
+        } else if (with_help) {
+            out +=
+                "      # http:                 # an HTTP check instead of send/expect\n"
+                "      #   method: OPTIONS\n"
+                "      #   path: /primary\n"
+                "      #   expect_status: \"200\"\n";
+        }
     }
     if (c.discovery.enabled()) {
         out += "    discovery:\n";

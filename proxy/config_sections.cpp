@@ -2,6 +2,8 @@
 // themselves: clusters with their backends or discovery, listeners with their routes.
 #include <algorithm>
 #include <cctype>
+#include <cstring>
+#include <optional>
 
 #include "accounts.hpp"
 #include "config_yaml.hpp"
@@ -139,6 +141,90 @@ void parseDiscovery(std::string_view source, const YAML::Node& node, const std::
              "is set with srv, whose records carry their own weights; remove it");
 }
 
+// expect_status's text to ranges: "200", "200,204", "200-299", " 200 - 299 , 302 ".
+std::optional<std::vector<std::pair<uint16_t, uint16_t>>> parseStatuses(std::string_view text) {
+    std::vector<std::pair<uint16_t, uint16_t>> out;
+    auto code = [](std::string_view t) -> std::optional<uint16_t> {
+        while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+        while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+        if (t.size() != 3 || !std::all_of(t.begin(), t.end(), ::isdigit)) return std::nullopt;
+        const unsigned v = static_cast<unsigned>(std::stoul(std::string(t)));
+        if (v < 100 || v > 599) return std::nullopt;
+        return static_cast<uint16_t>(v);
+    };
+    for (size_t at = 0; at <= text.size();) {
+        const size_t end = std::min(text.find(',', at), text.size());
+        const std::string_view item = text.substr(at, end - at);
+        const size_t dash = item.find('-');
+        const auto lo = code(item.substr(0, dash));
+        const auto hi = dash == std::string_view::npos ? lo : code(item.substr(dash + 1));
+        if (!lo || !hi || *hi < *lo) return std::nullopt;
+        out.emplace_back(*lo, *hi);
+        at = end + 1;
+    }
+    return out;
+}
+
+// A request line's token: what RFC 9110 allows in a method, nothing that could split a request.
+bool validMethod(std::string_view m) {
+    return !m.empty() && std::all_of(m.begin(), m.end(), [](unsigned char c) {
+        return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+    });
+}
+
+bool printableNoSpace(std::string_view t) {
+    return std::all_of(t.begin(), t.end(), [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+}
+
+void parseHttpCheck(std::string_view source, const std::map<std::string, YAML::Node>& cluster,
+                    const std::map<std::string, YAML::Node>& nested, const std::string& path,
+                    HealthCheckConfig& hc) {
+    const auto it = nested.find("http");
+    if (it == nested.end()) return;
+    const std::string hpath = path + ".http";
+    HttpCheckConfig& http = hc.http;
+    http.enabled = true;
+    parseNestedMap<HttpCheckConfig>(source, nested, "http", hpath, kHttpCheckKeys, http);
+    const YAML::Node& node = it->second;
+    if (!hc.send.empty() || !hc.expect.empty()) {
+        fail(whereOf(source, cluster.at("health_check"), path),
+             "has both `http` and send/expect; a check is one or the other");
+    }
+    if (!validMethod(http.method))
+        fail(whereOfKey(source, node, "method", hpath + ".method"),
+             quoted(http.method) + " is not an HTTP method (a token such as GET or OPTIONS)");
+    if (http.path.empty() || http.path.front() != '/' || !printableNoSpace(http.path))
+        fail(whereOfKey(source, node, "path", hpath + ".path"),
+             quoted(http.path) +
+                 " is not a path: it starts with / and has no spaces or "
+                 "control characters");
+    if (!printableNoSpace(http.host))
+        fail(whereOfKey(source, node, "host", hpath + ".host"),
+             quoted(http.host) + " is not a host name: no spaces or control characters");
+    const auto statuses = parseStatuses(http.expect_status);
+    if (!statuses)
+        fail(whereOfKey(source, node, "expect_status", hpath + ".expect_status"),
+             quoted(http.expect_status) +
+                 " is not a status list: codes 100 to 599 and ranges, such as 200, \"200,204\" "
+                 "or \"200-299\"");
+    http.statuses = *statuses;
+}
+
+void checkBackendCheck(std::string_view source, const YAML::Node& node, const std::string& path,
+                       const ClusterConfig& cluster, const BackendConfig& backend) {
+    if (backend.check_address.length != 0 && backend.check_address.family() == AF_UNIX)
+        fail(whereOfKey(source, node, "check_address", path + ".check_address"),
+             "is a unix socket; a check address is TCP (an IP and a port)");
+    if (backend.check_address.length != 0 && !cluster.health_check.enabled)
+        fail(whereOfKey(source, node, "check_address", path + ".check_address"),
+             "is set while cluster " + quoted(cluster.name) + " has no health_check");
+    if (backend.address.family() == AF_UNIX && cluster.health_check.port != 0 &&
+        backend.check_address.length == 0)
+        fail(whereOfKey(source, node, "address", path + ".address"),
+             "is a unix socket, which has no port for health_check.port to replace; set "
+             "check_address");
+}
+
 }  // namespace
 
 void parseClusters(std::string_view source, const YAML::Node& list, Config& config) {
@@ -152,8 +238,10 @@ void parseClusters(std::string_view source, const YAML::Node& list, Config& conf
                                     {"health_check", "tcp_keepalive", "backends", "discovery"});
         checkTcpAddress(source, node, "source", path, cluster.source);
         cluster.health_check.enabled = nested.count("health_check") > 0;
-        parseNestedMap<HealthCheckConfig>(source, nested, "health_check", path + ".health_check",
-                                          kHealthCheckKeys, cluster.health_check);
+        const auto check_nested = parseNestedMap<HealthCheckConfig>(
+            source, nested, "health_check", path + ".health_check", kHealthCheckKeys,
+            cluster.health_check, {"http"});
+        parseHttpCheck(source, nested, check_nested, path + ".health_check", cluster.health_check);
         parseNestedMap<KeepaliveConfig>(source, nested, "tcp_keepalive", path + ".tcp_keepalive",
                                         kKeepaliveKeys, cluster.tcp_keepalive);
         const auto backends = nested.find("backends");
@@ -176,6 +264,8 @@ void parseClusters(std::string_view source, const YAML::Node& list, Config& conf
             BackendConfig backend;
             backend.send_proxy = cluster.send_proxy;  // unless the backend sets its own
             parseMap<BackendConfig>(source, backend_nodes[b], bpath + ".", kBackendKeys, backend);
+            backend.tier = backend.backup ? 1 : 0;
+            checkBackendCheck(source, backend_nodes[b], bpath, cluster, backend);
             for (size_t e = 0; e < cluster.backends.size(); ++e) {
                 if (cluster.backends[e].address == backend.address) {
                     fail(whereOfKey(source, backend_nodes[b], "address", bpath + ".address"),

@@ -53,9 +53,10 @@ class Connections final : public Acceptor::Host {
     void onPathSignal(uint32_t ring, int res);
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
-    // The runtime API: every connection to the backend whose state is `backend` (connecting
-    // or relaying, in any generation) is closed now, as admin_shutdown. Returns how many.
-    uint32_t endBackend(const BackendState* backend);
+    // Every connection to the backend whose state is `backend` (connecting or relaying, in
+    // any generation) is closed now, as `reason`: admin_shutdown (the runtime API),
+    // backend_down or backup_shutdown (health checks). Returns how many.
+    uint32_t endBackend(const BackendState* backend, CloseReason reason);
 
     // ---- across a takeover (handover.hpp, connections_handover.cpp)
     // Hands every connection `out` admits over to the next relay: relaying on splice, not being

@@ -60,14 +60,14 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
     }
 }
 
-uint32_t Connections::endBackend(const BackendState* backend) {
+uint32_t Connections::endBackend(const BackendState* backend, CloseReason reason) {
     uint32_t ended = 0;
     for (uint32_t slot = 0; slot < slots_used_; ++slot) {
         Conn& c = conn(slot);
         if (c.state != ConnState::Connecting && c.state != ConnState::Relaying) continue;
         if (c.cluster == Conn::kNoCluster || c.backend < 0) continue;
         if (clusterOf(c).backends[c.backend].state.get() != backend) continue;
-        closeConn(c, slot, CloseReason::AdminShutdown);
+        closeConn(c, slot, reason);
         ++ended;
     }
     return ended;

@@ -7,10 +7,26 @@
 #include <cstring>
 
 #include "clock.hpp"
+#include "http_check.hpp"
 #include "log.hpp"
 #include "upstream.hpp"
 
 namespace zcrelay {
+
+namespace {
+
+SocketAddress checkTarget(const HealthCheckConfig& hc, const BackendConfig& b) {
+    SocketAddress target = b.check_address.length != 0 ? b.check_address : b.address;
+    if (target.family() == AF_UNIX) return target;
+    if (b.check_address.length != 0 && target.port() != 0) return target;
+    if (hc.port != 0)
+        target.setPort(static_cast<uint16_t>(hc.port));
+    else if (b.check_address.length != 0)
+        target.setPort(b.address.port());
+    return target;
+}
+
+}  // namespace
 
 void HealthChecker::reset(const Runtime& rt) {
     for (Check& ck : checks_) {
@@ -27,11 +43,18 @@ void HealthChecker::reset(const Runtime& rt) {
         if (!cl.config.health_check.enabled) continue;
         for (const BackendRt& b : cl.backends) {
             if (n++ % workers != worker_id_) continue;
+            const HealthCheckConfig& hc = cl.config.health_check;
             Check ck;
             ck.cluster = &cl;
             ck.backend = &b;
-            ck.interval = toTimespec(cl.config.health_check.interval);
-            ck.reply.resize(cl.config.health_check.expect.size());
+            ck.interval = toTimespec(hc.interval);
+            ck.target = checkTarget(hc, b.config);
+            if (hc.http.enabled) {
+                ck.request = httpCheckRequest(hc.http, ck.target);
+                ck.reply.resize(HttpCheckConfig::kMaxReply);
+            } else {
+                ck.reply.resize(hc.expect.size());
+            }
             checks_.push_back(std::move(ck));
         }
     }
@@ -67,7 +90,7 @@ void HealthChecker::start(uint32_t i) {
         armTimer(i);
         return;
     }
-    auto fd = openUpstreamSocket(ck.backend->config.address, ck.cluster->config.source);
+    auto fd = openUpstreamSocket(ck.target, ck.cluster->config.source);
     if (!fd) {
         finish(i, false, "no socket");
         return;
@@ -91,13 +114,13 @@ void HealthChecker::step(uint32_t i) {
     io_uring_sqe* s = sqe(i, Op::Check);
     switch (ck.step) {
         case Check::Step::Connect:
-            io_uring_prep_connect(s, ck.fd, ck.backend->config.address.sockaddrPtr(),
-                                  ck.backend->config.address.length);
+            io_uring_prep_connect(s, ck.fd, ck.target.sockaddrPtr(), ck.target.length);
             break;
-        case Check::Step::Send:
-            io_uring_prep_send(s, ck.fd, hc.send.data() + ck.done, hc.send.size() - ck.done,
-                               MSG_NOSIGNAL);
+        case Check::Step::Send: {
+            const std::string& out = ck.request.empty() ? hc.send : ck.request;
+            io_uring_prep_send(s, ck.fd, out.data() + ck.done, out.size() - ck.done, MSG_NOSIGNAL);
             break;
+        }
         case Check::Step::Recv:
             io_uring_prep_recv(s, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
             break;
@@ -122,18 +145,28 @@ void HealthChecker::onStep(uint32_t i, int res) {
     }
     switch (ck.step) {
         case Check::Step::Connect:
-            ck.step = !hc.send.empty()     ? Check::Step::Send
-                      : !hc.expect.empty() ? Check::Step::Recv
-                                           : Check::Step::Idle;
+            ck.step = !hc.send.empty() || !ck.request.empty() ? Check::Step::Send
+                      : !hc.expect.empty()                    ? Check::Step::Recv
+                                                              : Check::Step::Idle;
             break;
         case Check::Step::Send:
             ck.done += static_cast<uint32_t>(res);
-            if (ck.done == hc.send.size()) {
+            if (ck.done == (ck.request.empty() ? hc.send : ck.request).size()) {
                 ck.done = 0;
-                ck.step = hc.expect.empty() ? Check::Step::Idle : Check::Step::Recv;
+                ck.step =
+                    hc.expect.empty() && ck.request.empty() ? Check::Step::Idle : Check::Step::Recv;
             }
             break;
         case Check::Step::Recv:
+            if (!ck.request.empty()) {
+                ck.done += static_cast<uint32_t>(res);
+                const HttpVerdict v =
+                    judgeHttpReply(hc.http, std::string_view(ck.reply.data(), ck.done),
+                                   res == 0 || ck.done == ck.reply.size());
+                if (v.is == HttpVerdict::Is::More) break;
+                finish(i, v.is == HttpVerdict::Is::Pass, v.why.c_str());
+                return;
+            }
             if (res == 0) {
                 finish(i, false, "closed before the expected reply");
                 return;
@@ -172,6 +205,7 @@ void HealthChecker::finish(uint32_t i, bool passed, const char* why) {
         if (passes >= hc.rise && st.markUp(true)) {
             st.failure_streak.store(0, std::memory_order_relaxed);
             LOG_INFO("cluster %s: backend %s up (%u checks passed)", cluster, backend, passes);
+            endSessions(ck, true);
         }
     } else {
         st.checks_failed.fetch_add(1, std::memory_order_relaxed);
@@ -180,9 +214,40 @@ void HealthChecker::finish(uint32_t i, bool passed, const char* why) {
         if (fails >= hc.fall && st.markUp(false)) {
             LOG_WARN("cluster %s: backend %s down (%u checks failed, last: %s)", cluster, backend,
                      fails, why);
+            endSessions(ck, false);
+        } else if (fails == 1 && st.up.load(std::memory_order_relaxed)) {
+            // The first failure of a streak says why, once: a flapping check is visible
+            // before it takes the backend down.
+            LOG_INFO("cluster %s: backend %s failed a check (%s)", cluster, backend, why);
         }
     }
     armTimer(i);
+}
+
+void HealthChecker::endSessions(const Check& ck, bool went_up) {
+    const ClusterConfig& cc = ck.cluster->config;
+    if (!process_.end_connections) return;
+    if (!went_up) {
+        if (cc.on_marked_down != OnMarkedDown::ShutdownSessions) return;
+        LOG_WARN(
+            "cluster %s: backend %s: closing its live connections (on_marked_down: "
+            "shutdown_sessions)",
+            cc.name.c_str(), ck.backend->key.c_str());
+        process_.end_connections(ck.backend->state, CloseReason::BackendDown,
+                                 cc.name + "/" + ck.backend->key);
+        return;
+    }
+    // A primary is back: traffic leaves the backups, and with the option so do their sessions.
+    if (cc.on_marked_up != OnMarkedUp::ShutdownBackupSessions || ck.backend->config.tier != 0)
+        return;
+    for (const BackendRt& b : ck.cluster->backends) {
+        if (b.config.tier == 0) continue;
+        LOG_WARN(
+            "cluster %s: backend %s is up: closing backup %s's live connections "
+            "(on_marked_up: shutdown_backup_sessions)",
+            cc.name.c_str(), ck.backend->key.c_str(), b.key.c_str());
+        process_.end_connections(b.state, CloseReason::BackupShutdown, cc.name + "/" + b.key);
+    }
 }
 
 void HealthChecker::armTimer(uint32_t i) {

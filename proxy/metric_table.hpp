@@ -84,6 +84,11 @@ namespace zcrelay {
       "1 while health checks and passive ejection let the backend take new "                       \
       "connections; 0 while they hold it down (the runtime API's say is "                          \
       "zcrelay_backend_admin_state and zcrelay_backend_weight).")                                  \
+    X(BackendTier, "zcrelay_backend_tier", Gauge, ("backend", "cluster"),                          \
+      "The backend's tier: 0 for a primary, 1 for `backup: true`, an SRV priority's rank.")        \
+    X(BackendServing, "zcrelay_backend_serving", Gauge, ("backend", "cluster"),                    \
+      "1 while new connections may go to the backend: up, ready, and in the tier that serves "     \
+      "(backups only while no primary is up).")                                                    \
     X(BackendConnectAttempts, "zcrelay_backend_connect_attempts_total", Counter,                   \
       ("backend", "cluster"), "Connects started to the backend (retries included).")               \
     X(BackendConnections, "zcrelay_backend_connections_total", Counter, ("backend", "cluster"),    \

@@ -354,6 +354,19 @@ class Collector : public prometheus::Collectable {
                     f.add({key, cluster}, st.up.load() ? 1 : 0);
                 });
                 return true;
+            case Metric::BackendTier:
+                perBackend(s, [&](auto& key, auto& cluster, auto&, auto& b, auto&) {
+                    f.add({key, cluster}, b.config.tier);
+                });
+                return true;
+            case Metric::BackendServing:
+                for (const ClusterRt& c : s.rt->clusters) {
+                    const Serving now = c.serving();
+                    for (size_t i = 0; i < c.backends.size(); ++i)
+                        f.add({c.backends[i].key, c.config.name},
+                              now.admits(c.backends, i) ? 1 : 0);
+                }
+                return true;
             case Metric::BackendConnectAttempts:
                 perBackend(s, [&](auto& key, auto& cluster, auto&, auto&, auto& st) {
                     f.add({key, cluster},

@@ -5,12 +5,16 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "address.hpp"
 #include "http_stats.hpp"
 #include "loop_guard.hpp"
+#include "reasons.hpp"
 #include "signals.hpp"
 
 namespace zcrelay {
@@ -18,6 +22,7 @@ namespace zcrelay {
 class AccessLog;
 class Discovery;
 struct AdminStats;
+struct BackendState;
 
 // zcrelay_takeovers_total's results (takeover.hpp): as the giver, then as the new process.
 inline constexpr std::array<const char*, 5> kTakeoverResults = {"handed_over", "failed", "refused",
@@ -60,6 +65,11 @@ struct ProcessShared {
     std::array<std::atomic<uint64_t>, kTakeoverResults.size()> takeovers{};
     // zcrelay_handover_connections_total, by handover::Outcome.
     std::array<std::atomic<uint64_t>, kHandoverResults> handovers{};
+    // Closes a backend's live connections on every worker (each closes its own), as
+    // `reason`; `backend` names it in their log lines. Set at start, before any worker runs:
+    // a health check's on_marked_down and on_marked_up, and the runtime API.
+    std::function<void(std::shared_ptr<BackendState>, CloseReason, const std::string& backend)>
+        end_connections;
 };
 
 }  // namespace zcrelay

@@ -21,11 +21,13 @@ namespace zcrelay {
     X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */     \
     X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */    \
     X(MaxDuration, "max_duration")            /* ended at max_connection_duration */           \
-    X(AdminShutdown, "admin_shutdown") /* the runtime API ended its backend's connections */   \
-    X(Loop, "loop")                    /* accepted from one of our own upstream sockets */     \
-    X(Drain, "drain")                  /* still open when drain_timeout ran out */             \
-    X(HandedOver, "handed_over")       /* passed live to the relay that took over */           \
-    X(Error, "error")                  /* a local failure: fd limit, pipe, ring */
+    X(AdminShutdown, "admin_shutdown")   /* the runtime API ended its backend's connections */ \
+    X(BackendDown, "backend_down")       /* checks took its backend down: on_marked_down */    \
+    X(BackupShutdown, "backup_shutdown") /* a primary came up: on_marked_up, backups' */       \
+    X(Loop, "loop")                      /* accepted from one of our own upstream sockets */   \
+    X(Drain, "drain")                    /* still open when drain_timeout ran out */           \
+    X(HandedOver, "handed_over")         /* passed live to the relay that took over */         \
+    X(Error, "error")                    /* a local failure: fd limit, pipe, ring */
 
 // Why an upstream connect failed.
 #define ZCRELAY_CONNECT_FAILURES(X)   \

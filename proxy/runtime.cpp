@@ -80,6 +80,7 @@ std::shared_ptr<const Runtime> Runtime::build(
             const int32_t set = b.state->weight_override.load(std::memory_order_relaxed);
             if (set > 0) b.config.weight = static_cast<unsigned>(set);
             cluster.specs.push_back({b.key, b.config.weight});
+            cluster.tiered = cluster.tiered || b.config.tier > 0;
             cluster.backends.push_back(std::move(b));
         }
         cluster.config = std::move(cc);

@@ -145,10 +145,40 @@ struct BackendRt {
     std::shared_ptr<BackendState> state;
 };
 
+// Which backends a new connection may go to now, by tier (HAProxy's `backup`, SRV priorities):
+// only the lowest tier with a backend that takes new connections serves; in a tier of
+// `backup: true` backends without all_backups, only the first of them that does. Read once per
+// pick from atomics other workers write, so a flap between two reads costs one pick's choice,
+// never a pick of a backend that is down.
+struct Serving {
+    unsigned tier = 0;
+    int only = -1;  // >= 0: the one backend that serves (first backup), else the whole tier
+    bool any = false;
+    template <class Backends>
+    bool admits(const Backends& backends, size_t i) const {
+        return any && backends[i].config.tier == tier &&
+               (only < 0 || static_cast<int>(i) == only) && backends[i].state->takesNew();
+    }
+};
+
 struct ClusterRt {
     ClusterConfig config;
     std::vector<BackendRt> backends;
     std::vector<BackendSpec> specs;  // for each worker's Balancer
+    bool tiered = false;             // a backend has tier > 0: serving() must be asked
+
+    // The tier (and backup) taking new connections now; `any` false when none can.
+    Serving serving() const {
+        Serving s;
+        for (size_t i = 0; i < backends.size(); ++i) {
+            const BackendRt& b = backends[i];
+            if (!b.state->takesNew()) continue;
+            if (s.any && b.config.tier >= s.tier) continue;
+            s = {b.config.tier, -1, true};
+            if (b.config.backup && !config.all_backups) s.only = static_cast<int>(i);
+        }
+        return s;
+    }
 };
 
 // A route's counters, taken over by a reload that keeps a route of that name in its listener.

@@ -186,6 +186,10 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
             std::make_unique<Worker>(w, server->current_, std::move(listen_fds[w]), per_worker,
                                      server->sockmap_.get(), 2 * per_worker * w, server->process_));
 
+    server->process_.end_connections = [self](std::shared_ptr<BackendState> backend,
+                                              CloseReason reason, const std::string& name) {
+        for (auto& w : self->workers_) w->endConnectionsOf(backend, reason, name);
+    };
     server->process_.admin = &server->admin_stats_;
     if (running.metrics.enabled) {
         std::vector<const WorkerStats*> stats;
@@ -220,8 +224,9 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
             return d ? d->views() : std::map<std::string, DiscoveryView>{};
         };
         hooks.rebuild = [self] { self->republish(true); };
-        hooks.end_connections = [self](std::shared_ptr<BackendState> backend) {
-            for (auto& w : self->workers_) w->endConnectionsOf(backend);
+        hooks.end_connections = [self](std::shared_ptr<BackendState> backend,
+                                       const std::string& who) {
+            self->process_.end_connections(std::move(backend), CloseReason::AdminShutdown, who);
         };
         auto admin = AdminApi::start(running.admin, std::move(hooks), server->admin_stats_,
                                      takeHandedOf(handed, "admin", running.admin.listen));

@@ -85,10 +85,14 @@ int UpstreamSide::pickBackend(Conn& c) {
     const uint32_t ci = c.cluster;
     uint64_t key = 0;
     if (cl.config.balance == Balance::SourceHash) key = hashAddress(clientAddress(c));
+    // Backups serve only while no primary takes connections; a primary that refused this
+    // connect is still up (checks decide that), so the backups wait.
+    const Serving serving = cl.tiered ? cl.serving() : Serving{0, -1, true};
     return c.gen->balancers[ci].pick(
         key,
         [&](size_t i) {
-            return !(c.tried & (uint64_t{1} << (i % 64))) && cl.backends[i].state->takesNew();
+            return !(c.tried & (uint64_t{1} << (i % 64))) &&
+                   (cl.tiered ? serving.admits(cl.backends, i) : cl.backends[i].state->takesNew());
         },
         [&](size_t i) {
             return static_cast<uint32_t>(

@@ -141,7 +141,7 @@ Result<void> Worker::setUp() {
     acceptor_->start(*ring_, *conns_);
     armWake();
     armTick();
-    checker_ = std::make_unique<HealthChecker>(id_, *ring_);
+    checker_ = std::make_unique<HealthChecker>(id_, *ring_, process_);
     checker_->reset(rt());
     if (int r = ring_->submit(); r < 0) return sysError("io_uring_submit", -r);
     return {};
@@ -224,12 +224,17 @@ void Worker::onWake() {
     }
     if (cmds & kCmdStop) drain_deadline_ms_ = now_ms_;
     if (cmds & kCmdEndBackend) {
-        std::vector<std::shared_ptr<BackendState>> ends;
+        std::vector<PendingEnd> ends;
         {
             std::lock_guard lock(reload_mutex_);
             ends.swap(pending_ends_);
         }
-        for (const auto& backend : ends) conns_->endBackend(backend.get());
+        for (const PendingEnd& end : ends) {
+            const uint32_t n = conns_->endBackend(end.backend.get(), end.reason);
+            if (n > 0)
+                LOG_INFO("closed %u connections to backend %s (%s)", n, end.name.c_str(),
+                         std::string(label(end.reason)).c_str());
+        }
     }
     if (cmds & kCmdHandOver) {
         std::shared_ptr<handover::Outbound> out;
@@ -261,10 +266,11 @@ void Worker::onWake() {
     armWake();
 }
 
-void Worker::endConnectionsOf(std::shared_ptr<BackendState> backend) {
+void Worker::endConnectionsOf(std::shared_ptr<BackendState> backend, CloseReason reason,
+                              std::string name) {
     {
         std::lock_guard lock(reload_mutex_);
-        pending_ends_.push_back(std::move(backend));
+        pending_ends_.push_back({std::move(backend), reason, std::move(name)});
     }
     post(kCmdEndBackend);
 }

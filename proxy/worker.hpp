@@ -60,8 +60,11 @@ class Worker {
     // whose address no listener of the current generation has. Live connections keep the
     // generation they started in.
     void reload(std::shared_ptr<const Runtime> rt, std::vector<ListenSocket> new_fds);
-    // The runtime API: close this worker's connections to `backend` (any generation).
-    void endConnectionsOf(std::shared_ptr<BackendState> backend);
+    // Close this worker's connections to `backend` (any generation) as `reason`: the runtime
+    // API (admin_shutdown), a health check's on_marked_down and on_marked_up. `name` is the
+    // backend in the log line.
+    void endConnectionsOf(std::shared_ptr<BackendState> backend, CloseReason reason,
+                          std::string name);
     // After a takeover (takeover.hpp), with drain(): hand the connections `out` admits over to
     // the next relay.
     void handOver(std::shared_ptr<handover::Outbound> out);
@@ -115,7 +118,12 @@ class Worker {
     std::mutex reload_mutex_;
     std::shared_ptr<const Runtime> pending_rt_;
     std::vector<ListenSocket> pending_fds_;
-    std::vector<std::shared_ptr<BackendState>> pending_ends_;  // endConnectionsOf()
+    struct PendingEnd {
+        std::shared_ptr<BackendState> backend;
+        CloseReason reason;
+        std::string name;
+    };
+    std::vector<PendingEnd> pending_ends_;                     // endConnectionsOf()
     std::shared_ptr<handover::Outbound> pending_handover_;     // handOver()
     std::vector<handover::HandedConn> adopting_;               // adopt()
     std::vector<std::pair<Sockmap*, uint32_t>> adopting_rings_;  // adoptRing()

@@ -191,25 +191,34 @@ struct BackendView {
     int config_weight = 1;
     int active = 0;  // expected: -1 for any (a load's short connections come and go)
     bool takes_new_connections = true;
+    bool backup = false;
+    int tier = 0;
+    // In the tier that serves and taking connections; expected: -1 for "as
+    // takes_new_connections" (a cluster without backups).
+    int serving = -1;
 
     bool matches(const BackendView& e) const {
         return address == e.address && state == e.state && health == e.health &&
                weight == e.weight && config_weight == e.config_weight &&
                (e.active < 0 || active == e.active) &&
-               takes_new_connections == e.takes_new_connections;
+               takes_new_connections == e.takes_new_connections && backup == e.backup &&
+               tier == e.tier &&
+               serving == (e.serving < 0 ? static_cast<int>(e.takes_new_connections) : e.serving);
     }
     std::string describe() const {
         return "{address " + address + ", state " + state + ", health " + health + ", weight " +
                std::to_string(weight) + ", config_weight " + std::to_string(config_weight) +
-               ", active " + (active < 0 ? std::string("any") : std::to_string(active)) + ", takes_new_connections " +
-               (takes_new_connections ? "true" : "false") + "}";
+               ", active " + (active < 0 ? std::string("any") : std::to_string(active)) +
+               ", takes_new_connections " + (takes_new_connections ? "true" : "false") +
+               ", backup " + (backup ? "true" : "false") + ", tier " + std::to_string(tier) +
+               ", serving " + std::to_string(serving) + "}";
     }
 };
 
 inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
     static const std::set<std::string> kMembers = {
-        "address", "state", "health", "weight", "config_weight", "active",
-        "takes_new_connections"};
+        "address", "state", "health", "weight", "config_weight", "active", "takes_new_connections",
+        "backup",  "tier",  "serving"};
     if (b.type != Json::Type::Object) {
         why = "a backend is not an object";
         return std::nullopt;
@@ -217,8 +226,9 @@ inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
     std::set<std::string> seen;
     for (const auto& [k, v] : b.object) seen.insert(k);
     if (seen != kMembers) {
-        why = "a backend's members are not exactly address, state, health, weight, "
-              "config_weight, active, takes_new_connections";
+        why =
+            "a backend's members are not exactly address, state, health, weight, "
+            "config_weight, active, takes_new_connections, backup, tier, serving";
         return std::nullopt;
     }
     auto whole = [&](const char* key, int& out) {
@@ -249,6 +259,15 @@ inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
         return std::nullopt;
     }
     out.takes_new_connections = takes->boolean;
+    for (const char* key : {"backup", "serving"}) {
+        if (b.get(key)->type != Json::Type::Bool) {
+            why = std::string(key) + " is not a boolean";
+            return std::nullopt;
+        }
+    }
+    out.backup = b.get("backup")->boolean;
+    out.serving = b.get("serving")->boolean ? 1 : 0;
+    if (!whole("tier", out.tier)) return std::nullopt;
     return out;
 }
 

@@ -593,7 +593,7 @@ TEST(Connections, EndBackendClosesItsConnectionsAsAdminShutdown) {
     ASSERT_TRUE(r.ok());
     Relayed p = relay(r);
     ASSERT_TRUE(p.upstream);
-    EXPECT_EQ(r.conns().endBackend(&r.backend()), 1u);
+    EXPECT_EQ(r.conns().endBackend(&r.backend(), CloseReason::AdminShutdown), 1u);
     EXPECT_EQ(r.closed(CloseReason::AdminShutdown), 1u);
     ASSERT_TRUE(r.run([&] { return r.conns().live() == 0; }));
     EXPECT_EQ(r.backend().active.load(), 0);

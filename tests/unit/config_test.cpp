@@ -449,6 +449,88 @@ TEST(ConfigExamples, HealthChecks) {
     EXPECT_EQ(redis.timeout, 500ms);
 }
 
+TEST(ConfigExamples, Patroni) {
+    const Config c = example("patroni.yaml");
+    ASSERT_EQ(c.clusters.size(), 2u);
+    const ClusterConfig& rw = c.clusters[0];
+    EXPECT_EQ(rw.on_marked_down, OnMarkedDown::ShutdownSessions);
+    EXPECT_TRUE(rw.health_check.http.enabled);
+    EXPECT_EQ(rw.health_check.http.method, "OPTIONS");
+    EXPECT_EQ(rw.health_check.http.path, "/primary");
+    EXPECT_TRUE(rw.health_check.http.statusPasses(200));
+    EXPECT_FALSE(rw.health_check.http.statusPasses(503));
+    ASSERT_EQ(rw.backends.size(), 3u);
+    EXPECT_EQ(rw.backends[1].check_address, addr("127.0.0.1:8009"));
+    EXPECT_EQ(c.clusters[1].health_check.http.path, "/replica");
+}
+
+// What an HTTP check, backups and the session policies refuse, each with its key.
+TEST(LoadConfig, HttpChecksBackupsAndSessionPoliciesAreChecked) {
+    const std::string head =
+        "clusters:\n"
+        "  - name: db\n";
+    const std::string tail =
+        "    backends:\n"
+        "      - {address: 127.0.0.1:5432}\n"
+        "listeners:\n"
+        "  - {listen: 127.0.0.1:5000, cluster: db}\n";
+    auto error = [&](const std::string& middle) { return errorOfYaml(head + middle + tail); };
+    EXPECT_EQ(error("    health_check:\n      http: {method: \"GE T\"}\n"),
+              "t.yaml:4:22: clusters[0].health_check.http.method: \"GE T\" is not an HTTP "
+              "method (a token such as GET or OPTIONS)");
+    EXPECT_EQ(error("    health_check:\n      http: {path: primary}\n"),
+              "t.yaml:4:20: clusters[0].health_check.http.path: \"primary\" is not a path: it "
+              "starts with / and has no spaces or control characters");
+    EXPECT_EQ(error("    health_check:\n      http: {expect_status: \"2xx\"}\n"),
+              "t.yaml:4:29: clusters[0].health_check.http.expect_status: \"2xx\" is not a "
+              "status list: codes 100 to 599 and ranges, such as 200, \"200,204\" or "
+              "\"200-299\"");
+    EXPECT_EQ(error("    health_check:\n      http: {expect_status: \"299-200\"}\n"),
+              "t.yaml:4:29: clusters[0].health_check.http.expect_status: \"299-200\" is not a "
+              "status list: codes 100 to 599 and ranges, such as 200, \"200,204\" or "
+              "\"200-299\"");
+    EXPECT_EQ(error("    health_check:\n      send: \"x\"\n      http: {path: /}\n"),
+              "t.yaml:4:7: clusters[0].health_check: has both `http` and send/expect; a check "
+              "is one or the other");
+    EXPECT_EQ(error("    on_marked_down: cut\n"),
+              "t.yaml:3:21: clusters[0].on_marked_down: \"cut\" is not a choice of "
+              "on_marked_down; expected one of: none, shutdown_sessions");
+    EXPECT_EQ(
+        errorOfYaml(head + "    backends:\n"
+                           "      - {address: 127.0.0.1:5432, check_address: 127.0.0.1:8008}\n"
+                           "listeners:\n"
+                           "  - {listen: 127.0.0.1:5000, cluster: db}\n"),
+        "t.yaml:4:50: clusters[0].backends[0].check_address: is set while cluster \"db\" "
+        "has no health_check");
+    EXPECT_EQ(errorOfYaml(head + "    health_check: {port: 8008}\n"
+                                 "    backends:\n"
+                                 "      - {address: unix:/run/db.sock}\n"
+                                 "listeners:\n"
+                                 "  - {listen: 127.0.0.1:5000, cluster: db}\n"),
+              "t.yaml:5:19: clusters[0].backends[0].address: is a unix socket, which has no port "
+              "for health_check.port to replace; set check_address");
+    const Config ok = loadConfigString(head +
+                                           "    all_backups: true\n"
+                                           "    on_marked_up: shutdown_backup_sessions\n"
+                                           "    health_check: {port: 8008, http: {}}\n"
+                                           "    backends:\n"
+                                           "      - {address: 127.0.0.1:5432}\n"
+                                           "      - {address: 127.0.0.1:5433, backup: true}\n"
+                                           "listeners:\n"
+                                           "  - {listen: 127.0.0.1:5000, cluster: db}\n",
+                                       "t.yaml");
+    const ClusterConfig& db = ok.clusters[0];
+    EXPECT_TRUE(db.all_backups);
+    EXPECT_EQ(db.on_marked_up, OnMarkedUp::ShutdownBackupSessions);
+    EXPECT_EQ(db.health_check.port, 8008u);
+    EXPECT_EQ(db.health_check.http.method, "GET");
+    EXPECT_TRUE(db.health_check.http.statusPasses(302));
+    EXPECT_EQ(db.backends[0].tier, 0u);
+    EXPECT_EQ(db.backends[1].tier, 1u);
+    // Rendered and loaded again, it is the same config.
+    expectSameConfig(loadConfigString(renderConfig(ok), "rendered.yaml"), ok);
+}
+
 TEST(ConfigExamples, ProxyProtocol) {
     const Config c = example("proxy_protocol.yaml");
     EXPECT_EQ(c.clusters.at(0).backends.at(0).send_proxy, ProxyVersion::V2) << "the cluster's";

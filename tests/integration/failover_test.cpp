@@ -1,0 +1,328 @@
+// Failover for stateful backends, without Patroni (patroni_test.cpp runs the real cluster): an
+// HTTP check on an address of its own (as Patroni's REST API is checked), the check's hostile
+// answers, on_marked_down closing a demoted backend's sessions, backups taking over while every
+// primary is down and giving the traffic back (closing their sessions with on_marked_up). Every
+// data path where sessions are closed. Each backend tags its connections with one byte; its
+// check endpoint is a separate loopback server whose answer the case switches; the relay's
+// metrics and log lines are the oracle.
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "integration/admin_api_fixture.hpp"
+#include "support/loopback.hpp"
+#include "support/relay_process.hpp"
+
+namespace zcrelay::test::failover_test {
+namespace {
+
+using admin_api_test::exchange;
+using admin_api_test::TaggedBackend;
+
+// What a check endpoint does with the next request.
+enum class Answer { Ok, Unavailable, Stall, Garbage, Huge, Reset };
+
+// An HTTP endpoint for health checks: reads a request, answers as told. Records the last
+// request, and how many bytes of its 10 MB answer (Huge) it got out before the relay closed.
+class CheckEndpoint {
+  public:
+    static constexpr size_t kHuge = 10 * kMiB;
+
+    CheckEndpoint()
+        : up_(AF_INET, [this](Fd& fd, ConnRecord&, const std::atomic<bool>& stop,
+                              ScriptedUpstream&) { serve(fd, stop); }) {}
+    bool ok() const { return up_.ok(); }
+    std::string address() const { return up_.hostPort(); }
+    void answer(Answer a) { answer_.store(a); }
+    std::string lastRequest() const {
+        std::lock_guard lock(mu_);
+        return last_request_;
+    }
+    size_t requests() const { return requests_.load(); }
+    uint64_t hugeSent() const { return huge_sent_.load(); }
+
+  private:
+    void serve(Fd& fd, const std::atomic<bool>& stop) {
+        std::string request;
+        char buf[1024];
+        while (request.find("\r\n\r\n") == std::string::npos && request.size() < 8192) {
+            IoResult r = readSome(fd.get(), buf, sizeof buf, Millis{2'000}, &stop);
+            if (!r.ok() || r.bytes == 0) return;
+            request.append(buf, r.bytes);
+        }
+        {
+            std::lock_guard lock(mu_);
+            last_request_ = request;
+        }
+        ++requests_;
+        auto say = [&](const std::string& text) {
+            writeAll(fd.get(), text.data(), text.size(), Millis{2'000}, &stop);
+            ::shutdown(fd.get(), SHUT_WR);
+        };
+        switch (answer_.load()) {
+            case Answer::Ok:
+                return say("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok");
+            case Answer::Unavailable:
+                return say("HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n");
+            case Answer::Stall:
+                // Never answers: the relay's check timeout ends it (bounded here too).
+                for (int i = 0; i < 100 && !stop.load(); ++i)
+                    std::this_thread::sleep_for(Millis{50});
+                return;
+            case Answer::Garbage:
+                return say("\x16\x03\x01\x02\x00 not http at all");
+            case Answer::Huge: {
+                // Status line and headers pass; the body must contain what expect_body names,
+                // and 10 MB of 'y' never does. The relay stops reading at 16 KiB and closes.
+                std::string head =
+                    "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(kHuge) + "\r\n\r\n";
+                writeAll(fd.get(), head.data(), head.size(), Millis{2'000}, &stop);
+                std::vector<char> chunk(64 * kKiB, 'y');
+                uint64_t sent = 0;
+                while (sent < kHuge) {
+                    IoResult w =
+                        writeAll(fd.get(), chunk.data(), chunk.size(), Millis{2'000}, &stop);
+                    sent += w.bytes;
+                    if (!w.ok()) break;
+                }
+                huge_sent_.store(sent);
+                return;
+            }
+            case Answer::Reset:
+                closeWithReset(fd);
+                return;
+        }
+    }
+
+    std::atomic<Answer> answer_{Answer::Ok};
+    mutable std::mutex mu_;
+    std::string last_request_;
+    std::atomic<size_t> requests_{0};
+    std::atomic<uint64_t> huge_sent_{0};
+    ScriptedUpstream up_;  // last: its threads use the members above
+};
+
+// A backend and the endpoint its checks go to.
+struct Node {
+    explicit Node(char tag) : backend(tag) {}
+    TaggedBackend backend;
+    CheckEndpoint check;
+    std::string yaml(bool backup = false) const {
+        return "      - {address: \"" + backend.address() + "\", check_address: \"" +
+               check.address() + "\"" + (backup ? ", backup: true" : "") + "}\n";
+    }
+};
+
+// interval 100 ms, fall 2: a backend goes down 0.1-0.3 s after its endpoint says so, plus a
+// check timeout when the endpoint stalls. The bounds below allow for a loaded 2-core machine.
+constexpr const char* kFastChecks =
+    "    health_check:\n"
+    "      interval: 100ms\n"
+    "      timeout: 300ms\n"
+    "      rise: 1\n"
+    "      fall: 2\n"
+    "      http: {method: OPTIONS, path: /primary, expect_status: \"200\", "
+    "expect_body: \"\"}\n";
+
+class FailoverTest : public ::testing::TestWithParam<std::string> {
+  protected:
+    void start(const std::string& cluster_yaml) {
+        RelayConfig config;
+        config.workers = 2;
+        ListenerSpec l;
+        l.cluster = "db";
+        l.mode = GetParam();
+        config.listeners.push_back(l);
+        config.extra_yaml = cluster_yaml;
+        ASSERT_TRUE(relay_.start(config)) << relay_.diagnostics();
+    }
+    Labels of(const Node& n) const { return metric::backend("db", n.backend.address()); }
+    ::testing::AssertionResult waitUp(const Node& n, double up, Millis timeout = Millis{10'000}) {
+        return relay_.waitForMetric(metric::kBackendUp, of(n), up, timeout);
+    }
+    double serving(const Node& n) {
+        return relay_.metric(metricName(Metric::BackendServing), of(n)).value_or(-1);
+    }
+    // A connection through the relay with one exchange done: the backend's tag, or 0.
+    char open(std::vector<Fd>& into) {
+        Connected c = connectTo(relay_.host(), relay_.port());
+        if (!c.fd) return 0;
+        const char tag = servedBy(c.fd);
+        if (tag == 0 || !exchange(c.fd.get(), 0x5eed + into.size(), 4 * kKiB)) return 0;
+        into.push_back(std::move(c.fd));
+        return tag;
+    }
+
+    RelayProcess relay_;
+};
+
+// Each session ends (EOF or reset) within `within`, counted from now.
+::testing::AssertionResult allCut(std::vector<Fd>& fds, Millis within) {
+    const auto until = Clock::now() + within;
+    for (size_t i = 0; i < fds.size(); ++i) {
+        const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+        IoResult end = waitForPeerClose(fds[i].get(), std::max(left, Millis{1}));
+        if (end.status != IoStatus::Eof && end.status != IoStatus::Reset)
+            return ::testing::AssertionFailure() << "session " << i << " was not cut within "
+                                                 << within.count() << " ms: " << end.describe();
+    }
+    return ::testing::AssertionSuccess();
+}
+
+// The check goes to its own address with the configured request, and the backend follows
+// what that endpoint says, not whether its traffic port answers.
+TEST_P(FailoverTest, AnHttpCheckOnItsOwnAddressDecidesAndShutdownSessionsCutsTheDemoted) {
+    Node a('a'), b('b');
+    ASSERT_TRUE(a.check.ok() && b.check.ok());
+    b.check.answer(Answer::Unavailable);
+    ASSERT_NO_FATAL_FAILURE(
+        start("clusters:\n  - name: db\n    on_marked_down: shutdown_sessions\n" +
+              std::string(kFastChecks) + "    backends:\n" + a.yaml() + b.yaml()));
+    ASSERT_TRUE(waitUp(b, 0));
+    ASSERT_TRUE(waitUp(a, 1));
+    const std::string request = a.check.lastRequest();
+    EXPECT_EQ(request.substr(0, request.find("\r\n")), "OPTIONS /primary HTTP/1.1");
+    EXPECT_NE(request.find("\r\nHost: " + a.check.address() + "\r\n"), std::string::npos)
+        << request;
+
+    // Every session goes to the primary, a.
+    std::vector<Fd> on_a;
+    for (int i = 0; i < 4; ++i) ASSERT_EQ(open(on_a), 'a');
+    EXPECT_EQ(serving(a), 1.0);
+    EXPECT_EQ(serving(b), 0.0);
+
+    // A switchover: a says it is no longer primary, b that it is. a's sessions are cut within
+    // fall * interval (+ a check's time), not when their clients give up.
+    a.check.answer(Answer::Unavailable);
+    b.check.answer(Answer::Ok);
+    const auto t0 = Clock::now();
+    ASSERT_TRUE(allCut(on_a, Millis{5'000})) << relay_.diagnostics();
+    const double cut_after = secondsSince(t0);
+    std::printf(
+        "on_marked_down: 4 sessions cut %.3f s after the endpoint turned (fall 2 x 100 ms)\n",
+        cut_after);
+    ASSERT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("backend_down"), 4));
+    ASSERT_TRUE(waitUp(b, 1));
+    std::vector<Fd> on_b;
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(open(on_b), 'b') << "new sessions reach the new primary";
+    EXPECT_TRUE(relay_.waitForLog("backend " + a.backend.address() +
+                                  " down (2 checks failed, last: status 503, expected 200)"));
+    EXPECT_TRUE(
+        relay_.waitForLog("closing its live connections (on_marked_down: shutdown_sessions)"));
+    // b's sessions were not touched.
+    for (Fd& fd : on_b) EXPECT_TRUE(exchange(fd.get(), 0xb0b, 4 * kKiB));
+}
+
+// With every primary down the first backup serves; the primary's return takes new sessions
+// back, and with on_marked_up: shutdown_backup_sessions the backup's sessions are cut.
+TEST_P(FailoverTest, BackupsServeWhilePrimariesAreDownAndGiveTheirSessionsBack) {
+    Node p('p'), b1('1'), b2('2');
+    ASSERT_NO_FATAL_FAILURE(start(
+        "clusters:\n  - name: db\n"
+        "    on_marked_up: shutdown_backup_sessions\n" +
+        std::string(kFastChecks) + "    backends:\n" + p.yaml() + b1.yaml(true) + b2.yaml(true)));
+    ASSERT_TRUE(waitUp(p, 1));
+    ASSERT_TRUE(waitUp(b1, 1));
+    ASSERT_TRUE(waitUp(b2, 1));
+    std::vector<Fd> sessions;
+    for (int i = 0; i < 4; ++i)
+        ASSERT_EQ(open(sessions), 'p') << "backups wait while the primary is up";
+    EXPECT_EQ(relay_.metric(metricName(Metric::BackendTier), of(b1)), 1.0);
+    EXPECT_EQ(relay_.metric(metricName(Metric::BackendTier), of(p)), 0.0);
+
+    p.check.answer(Answer::Unavailable);
+    ASSERT_TRUE(waitUp(p, 0));
+    std::vector<Fd> on_backup;
+    for (int i = 0; i < 4; ++i)
+        ASSERT_EQ(open(on_backup), '1') << "without all_backups, only the first backup serves";
+    EXPECT_EQ(serving(b1), 1.0);
+    EXPECT_EQ(serving(b2), 0.0);
+    // The primary's own sessions were left alone (no on_marked_down here).
+    for (Fd& fd : sessions) EXPECT_TRUE(exchange(fd.get(), 0x1, 4 * kKiB));
+
+    b1.check.answer(Answer::Unavailable);
+    ASSERT_TRUE(waitUp(b1, 0));
+    std::vector<Fd> on_second;
+    EXPECT_EQ(open(on_second), '2') << "the next backup when the first is down";
+
+    p.check.answer(Answer::Ok);
+    const auto t0 = Clock::now();
+    ASSERT_TRUE(waitUp(p, 1));
+    ASSERT_TRUE(allCut(on_second, Millis{5'000}));
+    std::printf(
+        "on_marked_up: the backup's session cut %.3f s after the primary's endpoint "
+        "recovered\n",
+        secondsSince(t0));
+    // Every session on a backup: the first's four and the second's.
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("backup_shutdown"), 5));
+    ASSERT_TRUE(allCut(on_backup, Millis{5'000}));
+    std::vector<Fd> again;
+    EXPECT_EQ(open(again), 'p') << "the primary takes new sessions back";
+    for (Fd& fd : sessions) EXPECT_TRUE(exchange(fd.get(), 0x2, 4 * kKiB));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, FailoverTest, ::testing::ValuesIn(kModes), modeName);
+
+// A check endpoint that stalls, answers garbage, answers 10 MB, or resets takes its backend
+// down with the reason in the log, costs the relay a bounded read, and the relay serves on
+// through the other backend. One data path: the checks run beside the data path, not in it.
+TEST(FailoverChecks, HostileCheckEndpointsFailTheirChecksAndCostABoundedRead) {
+    Node a('a'), b('b');
+    RelayProcess relay;
+    RelayConfig config;
+    ListenerSpec l;
+    l.cluster = "db";
+    config.listeners.push_back(l);
+    config.extra_yaml = "clusters:\n  - name: db\n" +
+                        std::string(
+                            "    health_check:\n"
+                            "      interval: 100ms\n"
+                            "      timeout: 300ms\n"
+                            "      rise: 1\n"
+                            "      fall: 1\n"
+                            "      http: {path: /health, expect_body: \"ok\"}\n") +
+                        "    backends:\n" + a.yaml() + b.yaml();
+    ASSERT_TRUE(relay.start(config)) << relay.diagnostics();
+    const Labels lb = metric::backend("db", b.backend.address());
+    struct Hostile {
+        Answer answer;
+        const char* log;
+    };
+    // b's endpoint plays each hostile part in turn, answering well in between so that each
+    // failure is a transition with its own log line; a's answers well throughout.
+    for (const Hostile& h : {Hostile{Answer::Stall, "last: timeout"},
+                             Hostile{Answer::Garbage, "last: not an HTTP reply"},
+                             Hostile{Answer::Huge, "within the reply's first 16 KiB"},
+                             Hostile{Answer::Reset, "last: Connection reset by peer"}}) {
+        SCOPED_TRACE(h.log);
+        b.check.answer(Answer::Ok);
+        ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 1));
+        b.check.answer(h.answer);
+        EXPECT_TRUE(relay.waitForLog(h.log, Millis{10'000})) << relay.stderrText();
+        ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 0));
+        Connected c = connectTo(relay.host(), relay.port());
+        ASSERT_TRUE(c.fd) << c.error;
+        EXPECT_EQ(servedBy(c.fd), 'a') << "the relay serves on through a";
+    }
+    // 16 KiB read, then closed: the endpoint's 10 MB did not all go out (the socket buffers
+    // take a few MB at most).
+    EXPECT_LT(b.check.hugeSent(), CheckEndpoint::kHuge);
+    EXPECT_GE(relay
+                  .metric(metric::kBackendChecksTotal,
+                          [&] {
+                              auto l2 = lb;
+                              l2["result"] = "failed";
+                              return l2;
+                          }())
+                  .value_or(0),
+              4.0);
+}
+
+}  // namespace
+}  // namespace zcrelay::test::failover_test
