@@ -188,7 +188,7 @@ class CopyPump {
     bool empty() const {
         return queue_.empty() && !recv_armed_ && !send_armed_ && !poll_out_ && lent_ == 0;
     }
-    RestingDirection resting() const { return {done_, eof_, watch_.hup, 0, true}; }
+    RestingDirection resting() const { return {done_, eof_, watch_.hup, 0, true, false, {}}; }
 
   private:
     Step settle(const PumpPort& p, Flow flow);

@@ -243,7 +243,7 @@ void SockmapPump::finBarrier(const PumpPort& p, PumpEnv& env, Step& out) {
     if (!p.src_write_shut) copy_.watch().armErrors(p);
 }
 
-void SockmapPump::stopIfEnding(const PumpPort& p, PumpEnv& env) {
+void SockmapPump::stopIfEnding(const PumpPort& p, PumpEnv& /*env*/) {
     if (!p.ending || stopped_) return;
     stopped_ = true;
     stopRedirecting(*map_, record(), p.src);

@@ -72,7 +72,9 @@ class SplicePump {
     // ---- handover (handover.hpp): what crosses to the next relay, once nothing is armed. The
     // pipe crosses with it only when it holds bytes (the caller sends pipe()'s fds); an empty
     // one stays in this relay's pool (abort()).
-    RestingDirection resting() const { return {done_, eof_, watch_.hup, in_pipe_, false}; }
+    RestingDirection resting() const {
+        return {done_, eof_, watch_.hup, in_pipe_, false, false, {}};
+    }
     // A direction the previous relay handed over, its pipe (holding d.in_pipe bytes) adopted.
     static SplicePump adopted(const RestingDirection& d, Pipe pipe);
     // Its waits were cancelled (a handover that failed) or never armed here (adopted): moves

@@ -35,8 +35,8 @@ HandedConn sample() {
     h.bytes[1] = 17;
     h.proxy_in = 107;
     h.proxy_out = 52;
-    h.dir[0] = {true, true, false, 0};
-    h.dir[1] = {false, true, true, 65'536};
+    h.dir[0] = {true, true, false, 0, false, false, {}};
+    h.dir[1] = {false, true, true, 65'536, false, false, {}};
     return h;
 }
 
