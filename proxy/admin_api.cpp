@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "clock.hpp"
 #include "flat_json.hpp"
 #include "log.hpp"
 #include "unique_fd.hpp"
@@ -276,6 +277,9 @@ HttpReply AdminApi::change(const ClusterRt& cluster, const BackendRt& backend,
     const std::string who = "cluster " + cluster.config.name + " backend " + backend.key;
     if (state) {
         const AdminState was = st.admin.exchange(*state);
+        // Back to ready from drain or maint: slow_start ramps it like a backend that came up.
+        if (*state == AdminState::Ready && was != AdminState::Ready)
+            st.up_since_ms.store(monotonicMs(), std::memory_order_relaxed);
         stats_
             .changes[idx(*state == AdminState::Ready   ? AdminChange::StateReady
                          : *state == AdminState::Drain ? AdminChange::StateDrain

@@ -90,6 +90,7 @@ Balancer::Balancer(Balance kind, std::span<const BackendSpec> backends, uint64_t
     : kind_(kind),
       current_(backends.size(), 0),
       scratch_(backends.size(), 0),
+      effective_(backends.size(), 0),
       rng_(seed),
       start_(backends.empty() ? 0 : static_cast<size_t>(mix64(seed) % backends.size())) {
     weights_.reserve(backends.size());

@@ -77,6 +77,17 @@ class Balancer {
     // flapping mid-pick cannot make them pick an unusable one or lose a candidate.
     template <class Usable, class Active>
     int pick(uint64_t source_key, Usable&& usable, Active&& active) {
+        return pick(source_key, usable, active, [](size_t) { return kFullRamp; });
+    }
+    // With slow start: ramp(i) -> [1, kFullRamp], the share of its weight backend i has now
+    // (a backend that just came up starts low and ramps to full). Round robin, least_conn and
+    // random weigh by weight * ramp; source_hash places clients by the ring and ignores it.
+    static constexpr uint64_t kFullRamp = 1000;
+    template <class Usable, class Active, class Ramp>
+    int pick(uint64_t source_key, Usable&& usable, Active&& active, Ramp&& ramp) {
+        const size_t n = weights_.size();
+        for (size_t i = 0; i < n; ++i)
+            effective_[i] = weights_[i] * std::clamp<uint64_t>(ramp(i), 1, kFullRamp);
         switch (kind_) {
             case Balance::RoundRobin:
                 return pickRoundRobin(usable);
@@ -115,8 +126,8 @@ class Balancer {
         int best = -1;
         for (size_t k = 0, i = start_; k < n; ++k, i = (i + 1 == n) ? 0 : i + 1) {
             if (!eligible(i)) continue;
-            current_[i] += weights_[i];
-            total += weights_[i];
+            current_[i] += static_cast<int64_t>(effective_[i]);
+            total += static_cast<int64_t>(effective_[i]);
             if (best < 0 || current_[i] > current_[best]) best = static_cast<int>(i);
         }
         if (best >= 0) current_[best] -= total;
@@ -128,9 +139,10 @@ class Balancer {
         return smoothStep([&](size_t i) { return static_cast<bool>(usable(i)); });
     }
 
-    // a / wa < b / wb without division: weights are small and counts clamped, so no overflow.
+    // a / wa < b / wb without division: effective weights are below 2^18 and counts clamped
+    // to 2^32, so no overflow.
     bool lessLoaded(uint64_t a, size_t ia, uint64_t b, size_t ib) const {
-        return a * weights_[ib] < b * weights_[ia];
+        return a * effective_[ib] < b * effective_[ia];
     }
 
     uint64_t loadOf(auto& active, size_t i) {
@@ -167,12 +179,12 @@ class Balancer {
         const size_t n = weights_.size();
         uint64_t total = 0;
         for (size_t i = 0; i < n; ++i) {
-            scratch_[i] = usable(i) ? weights_[i] : 0;
+            scratch_[i] = usable(i) ? effective_[i] : 0;
             total += scratch_[i];
         }
         if (total == 0) return -1;
         const int first = weightedAt(randomBelow(total), -1);
-        const uint64_t rest = total - weights_[first];
+        const uint64_t rest = total - effective_[first];
         if (rest == 0) return first;  // the only usable backend
         const int second = weightedAt(randomBelow(rest), first);
         const uint64_t a = loadOf(active, first);
@@ -246,6 +258,9 @@ class Balancer {
     // One slot per backend, rewritten by every pick: what this pick saw of usable/active, so
     // each callable runs once per backend and pick() needs no allocation.
     std::vector<uint64_t> scratch_;
+    // weights_ times each backend's ramp, set at the start of every pick: what round robin,
+    // least_conn and random weigh by.
+    std::vector<uint64_t> effective_;
     // source_hash only: points sorted by position.
     std::vector<RingPoint> ring_;
     uint64_t rng_;

@@ -38,7 +38,9 @@ std::vector<ClusterConfig> clustersOf(const Config& config) {
         if (l.cluster.empty() && l.upstream.length != 0) {
             ClusterConfig c;
             c.name = l.name;
-            c.backends.push_back({l.upstream, 1, ProxyVersion::Off});
+            BackendConfig b;
+            b.address = l.upstream;
+            c.backends.push_back(b);
             clusters.push_back(std::move(c));
         }
     }

@@ -150,6 +150,10 @@ struct ClusterConfig {
     // With every primary down: all backups up take connections (HAProxy's `option
     // allbackups`), or only the first in the list.
     bool all_backups = false;
+    // A backend that comes up (checks, passive ejection's end, the runtime API's ready, added
+    // by discovery or a reload) takes a share of its weight that grows linearly to all of it
+    // over this (HAProxy's `slowstart`); 0 = at once.
+    Duration slow_start{0};
     // Either backends, or discovery (then backends is empty here: the Runtime takes the
     // discovered set).
     std::vector<BackendConfig> backends;

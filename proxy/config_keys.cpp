@@ -258,6 +258,13 @@ const Key<ClusterConfig> kClusterKeyTable[] = {
      .fallback = "none",
      .help = "shutdown_backup_sessions: when a non-backup backend comes up, close the "
              "backups' live connections; none: they finish"},
+    {.name = "slow_start",
+     .kind = Kind::Duration,
+     .member = &ClusterConfig::slow_start,
+     .fallback = "0",
+     .max = ms(1h),
+     .help = "a backend that comes up ramps its weight from 0 to full over this (round_robin, "
+             "least_conn, random); 0 = at once"},
     {.name = "all_backups",
      .kind = Kind::Bool,
      .member = &ClusterConfig::all_backups,

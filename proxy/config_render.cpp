@@ -156,8 +156,13 @@ std::string render(const Config& config, bool with_help) {
         ClusterConfig sample;
         sample.name = "app";
         sample.health_check.enabled = true;
-        sample.backends.push_back({parseAddress("127.0.0.1:9001").value(), 2, ProxyVersion::Off});
-        sample.backends.push_back({parseAddress("127.0.0.1:9002").value(), 1, ProxyVersion::Off});
+        for (const auto& [address, weight] :
+             {std::pair{"127.0.0.1:9001", 2u}, {"127.0.0.1:9002", 1u}}) {
+            BackendConfig b;
+            b.address = parseAddress(address).value();
+            b.weight = weight;
+            sample.backends.push_back(b);
+        }
         std::string block = "clusters:\n";
         renderCluster(block, sample, true);
         ClusterConfig discovered;

@@ -17,14 +17,15 @@
 #include <array>
 #include <atomic>
 #include <map>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "balance.hpp"
+#include "clock.hpp"
 #include "config.hpp"
 #include "stats.hpp"
 
@@ -92,7 +93,19 @@ struct BackendState {
     // The runtime API's: kept by a reload that keeps the backend (by cluster and address).
     std::atomic<AdminState> admin{AdminState::Ready};
     std::atomic<int32_t> weight_override{-1};  // -1: the config's (or the SRV record's)
+    // When it last came up (monotonic ms; 0: up since the start): slow_start ramps from here.
+    std::atomic<int64_t> up_since_ms{0};
     Sharded<BackendStats> stats;
+
+    // slow_start's share of its weight now, of Balancer::kFullRamp: linear from the moment it
+    // came up (HAProxy's `slowstart`), full once `slow_start` has passed.
+    uint64_t ramp(Duration slow_start, int64_t now_ms) const {
+        const int64_t since = up_since_ms.load(std::memory_order_relaxed);
+        if (slow_start.count() <= 0 || since == 0 || now_ms - since >= slow_start.count())
+            return Balancer::kFullRamp;
+        return std::max<uint64_t>(1, static_cast<uint64_t>(now_ms - since) * Balancer::kFullRamp /
+                                         static_cast<uint64_t>(slow_start.count()));
+    }
 
     // Whether a new connection may be sent here: up, ready, and a weight above 0.
     bool takesNew() const {
@@ -108,6 +121,7 @@ struct BackendState {
         bool from = !to;
         if (!up.compare_exchange_strong(from, to)) return false;
         (to ? went_up : went_down).fetch_add(1, std::memory_order_relaxed);
+        if (to) up_since_ms.store(monotonicMs(), std::memory_order_relaxed);
         return true;
     }
 };

@@ -97,6 +97,9 @@ int UpstreamSide::pickBackend(Conn& c) {
         [&](size_t i) {
             return static_cast<uint32_t>(
                 std::max(0, cl.backends[i].state->active.load(std::memory_order_relaxed)));
+        },
+        [&, now_ms = cl.config.slow_start.count() > 0 ? monotonicMs() : 0](size_t i) {
+            return cl.backends[i].state->ramp(cl.config.slow_start, now_ms);
         });
 }
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -322,6 +323,61 @@ TEST(FailoverChecks, HostileCheckEndpointsFailTheirChecksAndCostABoundedRead) {
                           }())
                   .value_or(0),
               4.0);
+}
+
+}  // namespace
+}  // namespace zcrelay::test::failover_test
+
+namespace zcrelay::test::failover_test {
+namespace {
+
+// slow_start: a backend that comes back takes a share of new connections that grows over the
+// ramp instead of all its share at once. Round robin over a and b (weight 1 each), one worker,
+// slow_start 2 s: b's share of the connections opened in each half second after it came back
+// is r/(1+r) with r = t/2 s: ~11 % in the first, ~47 % in the fourth, 50 % after.
+TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
+    Node a('a'), b('b');
+    RelayProcess relay;
+    RelayConfig config;
+    config.workers = 1;
+    ListenerSpec l;
+    l.cluster = "db";
+    config.listeners.push_back(l);
+    config.extra_yaml = "clusters:\n  - name: db\n    slow_start: 2s\n" + std::string(kFastChecks) +
+                        "    backends:\n" + a.yaml() + b.yaml();
+    ASSERT_TRUE(relay.start(config)) << relay.diagnostics();
+    const Labels lb = metric::backend("db", b.backend.address());
+    ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 1));
+    b.check.answer(Answer::Unavailable);
+    ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 0));
+    b.check.answer(Answer::Ok);
+    ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 1, Millis{10'000}));
+    const auto up_at = Clock::now();
+    // Short connections, one after another, for 3 s: each window's count per backend.
+    constexpr int kWindows = 6;
+    std::array<int, kWindows> on_a{}, on_b{};
+    for (int i = 0; i < 20'000; ++i) {
+        const double t = secondsSince(up_at);
+        if (t >= 3.0) break;
+        Connected c = connectTo(relay.host(), relay.port());
+        ASSERT_TRUE(c.fd) << c.error;
+        const char tag = servedBy(c.fd);
+        const int w = std::min(kWindows - 1, static_cast<int>(t / 0.5));
+        (tag == 'b' ? on_b : on_a)[w]++;
+    }
+    std::string shares;
+    for (int w = 0; w < kWindows; ++w) {
+        const int n = on_a[w] + on_b[w];
+        shares += " " + std::to_string(n ? 100 * on_b[w] / n : -1) + "%";
+        ASSERT_GE(n, 4) << "window " << w << " had too few connections to judge";
+    }
+    std::printf("slow_start 2s: b's share per 0.5 s window after it came back:%s\n",
+                shares.c_str());
+    auto share = [&](int w) { return static_cast<double>(on_b[w]) / (on_a[w] + on_b[w]); };
+    // The first half second is far below an equal share; the last, past the ramp, is about it.
+    EXPECT_LT(share(0), 0.30) << shares;
+    EXPECT_GT(share(kWindows - 1), 0.38) << shares;
+    EXPECT_LT(share(0), share(3)) << shares;
 }
 
 }  // namespace
