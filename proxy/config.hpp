@@ -88,6 +88,9 @@ struct BackendConfig {
     bool backup = false;
     unsigned tier = 0;            // 0 = the primaries; backup: true is 1; an SRV priority's rank
     SocketAddress check_address;  // unset: the backend's address (on health_check.port if set)
+    // Connections it may have at once, connecting included (HAProxy's `maxconn`); 0 = no
+    // limit. Past it new clients go to another backend, or wait in the cluster's queue.
+    unsigned max_connections = 0;
 
     bool operator==(const BackendConfig&) const = default;
 };
@@ -154,6 +157,11 @@ struct ClusterConfig {
     // by discovery or a reload) takes a share of its weight that grows linearly to all of it
     // over this (HAProxy's `slowstart`); 0 = at once.
     Duration slow_start{0};
+    // With every backend that may take a client at its max_connections: clients wait for a
+    // place, at most queue_size per worker and queue_timeout each (HAProxy's queue and `timeout
+    // queue`); past either they are closed (queue_full, queue_timeout).
+    unsigned queue_size = 1024;
+    Duration queue_timeout = std::chrono::seconds(5);
     // Either backends, or discovery (then backends is empty here: the Runtime takes the
     // discovered set).
     std::vector<BackendConfig> backends;

@@ -33,7 +33,9 @@
 //               (hello_reader.hpp), bounded by inspect_timeout and inspect_max_size; the bytes
 //               stay in the socket for the backend.
 //   Connecting  a connect to the backend the cluster picked is in flight, bounded by a linked
-//               timeout; a failure tries another backend (retries) within connect_timeout
+//               timeout; a failure tries another backend (retries) within connect_timeout.
+//               Or, every backend that may take it being at its max_connections, it waits in
+//               the worker's queue for a place (no upstream socket yet), up to queue_timeout
 //               (upstream.hpp).
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
@@ -103,6 +105,7 @@ struct Conn {
     bool ending = false;               // max_connection_duration: both sides shut for reading
     bool lowat = false;                // SO_RCVLOWAT on the client raised (inspecting)
     bool rested = false;               // HandingOver on sockmap: at rest, waiting for its ring
+    bool holding = false;              // holds a place under its backend's max_connections
     Generation* gen = nullptr;         // the config generation it was accepted under
     uint64_t tried = 0;                // backends tried (bit i % 64)
     int64_t accepted_us = 0;           // wall clock at accept (access log)
@@ -111,6 +114,7 @@ struct Conn {
                                        // at the inspection's start)
     int64_t connect_deadline_us = 0;   // monotonic: the first attempt + connect_timeout
     int64_t connect_us = -1;           // how long the successful connect took
+    int64_t queued_until_ms = 0;       // in its cluster's queue until then (monotonic); 0: not
     uint64_t bytes[2] = {0, 0};        // relayed per direction (access log)
     __kernel_timespec connect_left{};  // the attempt's link timeout: read by the kernel at submit
     SocketAddress client;              // the client (after PROXY, the one it names)

@@ -49,6 +49,8 @@ Connections::Connections(unsigned worker, Ring& ring, ProcessShared& process, Wo
       loops_(process.loops.table(worker)) {
     starved_.reserve(4096);
     starved_retry_.reserve(4096);
+    queued_.reserve(1024);
+    queued_retry_.reserve(1024);
 }
 
 void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
@@ -299,6 +301,44 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
         case ConnectStep::Close:
             closeConn(c, slot, step.reason);
             return;
+        case ConnectStep::Queue: {
+            const ClusterConfig& cc = clusterOf(c).config;
+            if (c.queued_until_ms == 0) {
+                size_t waiting = 0;
+                for (uint64_t packed : queued_)
+                    if (conn(UserData::unpack(packed).slot).cluster == c.cluster) ++waiting;
+                if (waiting >= cc.queue_size) {
+                    closeConn(c, slot, CloseReason::QueueFull);
+                    return;
+                }
+                c.queued_until_ms = now_ms_ + cc.queue_timeout.count();
+            }
+            queued_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
+            return;
+        }
+    }
+}
+
+void Connections::retryQueued() {
+    queued_retry_.clear();
+    queued_retry_.swap(queued_);
+    for (uint64_t packed : queued_retry_) {
+        const UserData ud = UserData::unpack(packed);
+        Conn& c = conn(ud.slot);
+        if (c.generation != ud.generation || c.state != ConnState::Connecting ||
+            c.queued_until_ms == 0)
+            continue;
+        if (now_ms_ >= c.queued_until_ms) {
+            c.queued_until_ms = 0;
+            closeConn(c, ud.slot, CloseReason::QueueTimeout);
+            continue;
+        }
+        // The connect budget starts once it has a place, as HAProxy's `timeout connect` does
+        // after `timeout queue`.
+        c.connect_deadline_us = monotonicUs() + listenerConfig(c).connect_timeout.count() * 1000;
+        const ConnectStep step = upstream_.connect(ring_, c, ud.slot);
+        if (step.kind != ConnectStep::Queue) c.queued_until_ms = 0;
+        onConnectStep(c, ud.slot, step);  // Queue: back in line, behind the older ones
     }
 }
 

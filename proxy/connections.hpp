@@ -53,6 +53,13 @@ class Connections final : public Acceptor::Host {
     void onPathSignal(uint32_t ring, int res);
     // Copy directions that found no free buffer, once some came back.
     void retryStarved();
+    // Clients waiting in the queue for a place under a backend's max_connections: each tries
+    // again, in order; those past queue_timeout are closed. The worker calls it when a place
+    // came free on this worker (freedPlace) and on every tick, which is short while anyone
+    // waits: a place freed on another worker is seen within it.
+    void retryQueued();
+    bool freedPlace() { return upstream_.takeFreed(); }
+    bool queued() const { return !queued_.empty(); }
     // Every connection to the backend whose state is `backend` (connecting or relaying, in
     // any generation) is closed now, as `reason`: admin_shutdown (the runtime API),
     // backend_down or backup_shutdown (health checks). Returns how many.
@@ -182,6 +189,11 @@ class Connections final : public Acceptor::Host {
     uint32_t live_ = 0;
     std::vector<uint64_t> starved_;  // packed UserData of copy directions waiting for a buffer
     std::vector<uint64_t> starved_retry_;  // swapped with starved_: both reserved, no allocation
+    // Packed UserData of clients waiting for a backend's place, oldest first; per worker (no
+    // lock, no cross-thread wake-up: the tick sees other workers' frees), bounded by each
+    // cluster's queue_size.
+    std::vector<uint64_t> queued_;
+    std::vector<uint64_t> queued_retry_;
     // A handover under way (handOver): connections HandingOver, and whether the walk that
     // starts them is still going (the last one sent before it ended is not the last).
     std::shared_ptr<handover::Outbound> outbound_;

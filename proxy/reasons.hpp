@@ -8,25 +8,27 @@
 namespace zcrelay {
 
 // Why a connection ended.
-#define ZCRELAY_CLOSE_REASONS(X)                                                               \
-    X(Done, "done")                           /* both directions finished with a FIN */        \
-    X(ClientReset, "client_reset")            /* RST or socket error on the client side */     \
-    X(UpstreamReset, "upstream_reset")        /* RST or socket error on the upstream side */   \
-    X(ConnectFailed, "connect_failed")        /* every connect attempt failed */               \
-    X(NoBackend, "no_backend")                /* no backend of the cluster was up */           \
-    X(ProxyProtocol, "proxy_protocol")        /* a bad, slow or oversized PROXY header */      \
-    X(SourceLimit, "source_limit")            /* max_connections_per_source reached */         \
-    X(IdleTimeout, "idle_timeout")            /* no byte either way for idle_timeout */        \
-    X(NoRoute, "no_route")                    /* routes: none took the client (see inspect) */ \
-    X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */     \
-    X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */    \
-    X(MaxDuration, "max_duration")            /* ended at max_connection_duration */           \
-    X(AdminShutdown, "admin_shutdown")   /* the runtime API ended its backend's connections */ \
-    X(BackendDown, "backend_down")       /* checks took its backend down: on_marked_down */    \
-    X(BackupShutdown, "backup_shutdown") /* a primary came up: on_marked_up, backups' */       \
-    X(Loop, "loop")                      /* accepted from one of our own upstream sockets */   \
-    X(Drain, "drain")                    /* still open when drain_timeout ran out */           \
-    X(HandedOver, "handed_over")         /* passed live to the relay that took over */         \
+#define ZCRELAY_CLOSE_REASONS(X)                                                                \
+    X(Done, "done")                           /* both directions finished with a FIN */         \
+    X(ClientReset, "client_reset")            /* RST or socket error on the client side */      \
+    X(UpstreamReset, "upstream_reset")        /* RST or socket error on the upstream side */    \
+    X(ConnectFailed, "connect_failed")        /* every connect attempt failed */                \
+    X(NoBackend, "no_backend")                /* no backend of the cluster was up */            \
+    X(ProxyProtocol, "proxy_protocol")        /* a bad, slow or oversized PROXY header */       \
+    X(SourceLimit, "source_limit")            /* max_connections_per_source reached */          \
+    X(IdleTimeout, "idle_timeout")            /* no byte either way for idle_timeout */         \
+    X(NoRoute, "no_route")                    /* routes: none took the client (see inspect) */  \
+    X(ClientFinTimeout, "client_fin_timeout") /* FIN passed to the client, then silence */      \
+    X(ServerFinTimeout, "server_fin_timeout") /* FIN passed to the backend, then silence */     \
+    X(MaxDuration, "max_duration")            /* ended at max_connection_duration */            \
+    X(AdminShutdown, "admin_shutdown")   /* the runtime API ended its backend's connections */  \
+    X(BackendDown, "backend_down")       /* checks took its backend down: on_marked_down */     \
+    X(BackupShutdown, "backup_shutdown") /* a primary came up: on_marked_up, backups' */        \
+    X(QueueFull, "queue_full")           /* every backend at max_connections, the queue full */ \
+    X(QueueTimeout, "queue_timeout")     /* queued for a backend past queue_timeout */          \
+    X(Loop, "loop")                      /* accepted from one of our own upstream sockets */    \
+    X(Drain, "drain")                    /* still open when drain_timeout ran out */            \
+    X(HandedOver, "handed_over")         /* passed live to the relay that took over */          \
     X(Error, "error")                    /* a local failure: fd limit, pipe, ring */
 
 // Why an upstream connect failed.

@@ -81,6 +81,9 @@ struct BackendState {
     // Whether new connections may go here: health checks and passive ejection set it.
     std::atomic<bool> up{true};
     std::atomic<int32_t> active{0};            // live connections, all workers (least_conn)
+    // Places taken under BackendConfig::max_connections, all workers: from the pick to the
+    // close, connecting included, so that a burst of connects cannot overshoot the limit.
+    std::atomic<int32_t> held{0};
     std::atomic<uint32_t> failure_streak{0};   // connect failures in a row (passive ejection)
     std::atomic<int64_t> ejected_until_ms{0};  // without checks: back up at this monotonic ms
     // The health check's streaks (its worker alone writes them, relaxed).
@@ -117,6 +120,18 @@ struct BackendState {
     // Health checks, passive ejection and its timeout all switch `up` through this; any
     // worker may, so the switch is a compare-and-swap. True if this call changed it (and
     // counted the transition); false if it already was so.
+    // A place under `max` (0: no limit, always true); false at the limit. Any worker.
+    bool take(unsigned max) {
+        if (max == 0) return true;
+        int32_t now = held.load(std::memory_order_relaxed);
+        while (now < static_cast<int32_t>(max))
+            if (held.compare_exchange_weak(now, now + 1, std::memory_order_relaxed)) return true;
+        return false;
+    }
+    bool full(unsigned max) const {
+        return max != 0 && held.load(std::memory_order_relaxed) >= static_cast<int32_t>(max);
+    }
+
     bool markUp(bool to) {
         bool from = !to;
         if (!up.compare_exchange_strong(from, to)) return false;

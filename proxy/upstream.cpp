@@ -80,6 +80,21 @@ ConnectFailure classifyConnectError(int err) {
     }
 }
 
+namespace {
+
+// A backend that would take a client, but for its max_connections.
+bool anyFull(const ClusterRt& cl) {
+    const Serving serving = cl.tiered ? cl.serving() : Serving{0, -1, true};
+    for (size_t i = 0; i < cl.backends.size(); ++i) {
+        const BackendRt& b = cl.backends[i];
+        if (b.config.max_connections == 0 || !b.state->full(b.config.max_connections)) continue;
+        if (cl.tiered ? serving.admits(cl.backends, i) : b.state->takesNew()) return true;
+    }
+    return false;
+}
+
+}  // namespace
+
 int UpstreamSide::pickBackend(Conn& c) {
     const ClusterRt& cl = clusterOf(c);
     const uint32_t ci = c.cluster;
@@ -91,8 +106,10 @@ int UpstreamSide::pickBackend(Conn& c) {
     return c.gen->balancers[ci].pick(
         key,
         [&](size_t i) {
+            const BackendRt& b = cl.backends[i];
             return !(c.tried & (uint64_t{1} << (i % 64))) &&
-                   (cl.tiered ? serving.admits(cl.backends, i) : cl.backends[i].state->takesNew());
+                   (cl.tiered ? serving.admits(cl.backends, i) : b.state->takesNew()) &&
+                   !b.state->full(b.config.max_connections);
         },
         [&](size_t i) {
             return static_cast<uint32_t>(
@@ -114,6 +131,19 @@ ConnectStep UpstreamSide::connect(Ring& ring, Conn& c, uint32_t slot) {
     if (c.fd[1] < 0) {
         // A connection that waited for an fd comes back here with its backend already picked.
         int b = c.backend >= 0 && c.attempts == 0 ? c.backend : pickBackend(c);
+        // A place under the pick's max_connections; another worker may have taken the last
+        // one since the pick looked: pick again without it.
+        while (b >= 0 && !c.holding &&
+               !cl.backends[b].state->take(cl.backends[b].config.max_connections)) {
+            c.tried |= uint64_t{1} << (b % 64);
+            b = pickBackend(c);
+        }
+        if (b >= 0 && !c.holding) c.holding = cl.backends[b].config.max_connections > 0;
+        if (b < 0 && c.attempts == 0 && anyFull(cl)) {
+            // Up, but every one that may take it is at max_connections: wait for a place.
+            c.tried = 0;
+            return {ConnectStep::Queue};
+        }
         if (b < 0 && c.attempts > 0) {
             // Every backend that is up was tried once: go round again (a lone backend that
             // refused once may well accept now), still within the budget.
@@ -183,6 +213,7 @@ ConnectStep UpstreamSide::onConnect(Ring& ring, Conn& c, uint32_t slot, int res,
 }
 
 ConnectStep UpstreamSide::failed(Ring& ring, Conn& c, uint32_t slot, int err, int64_t now_ms) {
+    releasePlace(c);  // the next attempt takes one where it goes
     const ClusterRt& cl = clusterOf(c);
     const BackendRt& be = cl.backends[c.backend];
     ConnectFailure why = classifyConnectError(err);
@@ -247,12 +278,27 @@ void UpstreamSide::ejectLoop(const ClusterRt& cluster, size_t b, Conn& looped, i
 }
 
 void UpstreamSide::adopted(Conn& c) {
-    clusterOf(c).backends[c.backend].state->active.fetch_add(1, std::memory_order_relaxed);
+    const BackendRt& b = clusterOf(c).backends[c.backend];
+    b.state->active.fetch_add(1, std::memory_order_relaxed);
+    // Counted even past the limit: it is live, and the limit is this relay's promise to the
+    // backend, which had it open already.
+    if (b.config.max_connections > 0) {
+        b.state->held.fetch_add(1, std::memory_order_relaxed);
+        c.holding = true;
+    }
 }
 
 void UpstreamSide::release(Conn& c) {
     if (c.connect_us >= 0)
         clusterOf(c).backends[c.backend].state->active.fetch_sub(1, std::memory_order_relaxed);
+    releasePlace(c);
+}
+
+void UpstreamSide::releasePlace(Conn& c) {
+    if (!c.holding) return;
+    clusterOf(c).backends[c.backend].state->held.fetch_sub(1, std::memory_order_relaxed);
+    c.holding = false;
+    freed_ = true;
 }
 
 }  // namespace zcrelay

@@ -3,6 +3,7 @@
 // connect (bounded by a linked timeout), retries on another backend within connect_timeout,
 // passive ejection of a backend that keeps failing, and the PROXY header sent on.
 #include <cstdint>
+#include <utility>
 
 #include "address.hpp"
 #include "generation.hpp"
@@ -28,6 +29,7 @@ struct ConnectStep {
         OutOfFds,   // no fd for the upstream socket: the backend is kept; try again later
         Connected,  // the connect completed and is counted: relay
         Close,      // give up: `reason`
+        Queue,      // every backend that may take it is at max_connections: wait for a place
     };
     Kind kind = Pending;
     CloseReason reason = CloseReason::ConnectFailed;
@@ -48,8 +50,12 @@ class UpstreamSide {
     // send_proxy: the header, on the socket that just connected. 0, or the errno of a send
     // that failed or could not take it whole.
     int sendProxyHeader(Conn& c);
-    // The connection ends: its backend has one connection less (least_conn).
+    // The connection ends: its backend has one connection less (least_conn), and a place
+    // under max_connections more.
     void release(Conn& c);
+    // Whether a place under some backend's max_connections came free since the last call:
+    // then the queue (Connections::retryQueued) may move.
+    bool takeFreed() { return std::exchange(freed_, false); }
     // c was handed over by the previous relay, connected: counted on its backend as a connect
     // that succeeded here would be.
     void adopted(Conn& c);
@@ -63,8 +69,11 @@ class UpstreamSide {
     // A backend for the next attempt, -1 if none is up (and untried).
     int pickBackend(Conn& c);
     ConnectStep failed(Ring& ring, Conn& c, uint32_t slot, int err, int64_t now_ms);
+    // Gives c's place under its backend's max_connections back, if it holds one.
+    void releasePlace(Conn& c);
 
     unsigned worker_;
+    bool freed_ = false;
 };
 
 }  // namespace zcrelay

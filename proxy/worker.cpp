@@ -172,6 +172,7 @@ void Worker::loop() {
         io_uring_cq_advance(ring_->raw(), count);
         // A recv that found the ring empty goes again once buffers went into it.
         if (bufs_->replenished()) conns_->retryStarved();
+        if (conns_->freedPlace() && conns_->queued()) conns_->retryQueued();
         acceptor_->afterBatch();
     }
 }
@@ -334,7 +335,9 @@ void Worker::applyReload() {
 
 void Worker::armTick() {
     io_uring_sqe* sqe = ring_->sqe();
-    io_uring_prep_timeout(sqe, &tick_, 0, 0);
+    // While clients wait in the queue, every 10 ms: a place another worker freed is taken
+    // within that, and queue_timeout holds to it.
+    io_uring_prep_timeout(sqe, conns_->queued() ? &queued_tick_ : &tick_, 0, 0);
     io_uring_sqe_set_data64(sqe, UserData{Op::Tick}.pack());
 }
 
@@ -344,6 +347,7 @@ void Worker::onTick() {
     conns_->sweep(draining_ && now_ms_ >= drain_deadline_ms_, tick_ms_);
     // Starved copy directions left over by a round's budget, should no buffer come back.
     conns_->retryStarved();
+    conns_->retryQueued();
     restoreEjected();
     acceptor_->onTick();
     armTick();

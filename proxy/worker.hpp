@@ -142,6 +142,7 @@ class Worker {
     std::unique_ptr<Connections> conns_;  // the slot table and the connections' lifecycle
     uint64_t wake_value_ = 0;
     __kernel_timespec tick_{};
+    __kernel_timespec queued_tick_{0, 10'000'000};  // the tick while clients wait in the queue
     int64_t now_ms_ = 0;
     int64_t tick_ms_ = 100;
     bool draining_ = false;

@@ -10,8 +10,10 @@
 
 #include <array>
 #include <atomic>
+#include <fstream>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -378,6 +380,136 @@ TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
     EXPECT_LT(share(0), 0.30) << shares;
     EXPECT_GT(share(kWindows - 1), 0.38) << shares;
     EXPECT_LT(share(0), share(3)) << shares;
+}
+
+}  // namespace
+}  // namespace zcrelay::test::failover_test
+
+namespace zcrelay::test::failover_test {
+namespace {
+
+// A backend's own count of its open connections, and the most it ever had: one more when its
+// script starts on an accepted connection, one less as soon as it reads the relay's FIN (then
+// it echoes its own and closes). The relay frees a place only after that FIN went out and the
+// backend's came back, so this count can trail the relay's but never lead it. (Sampling the
+// kernel's socket table instead counted sockets twice, and mixed moments: /proc/net/tcp is
+// read in pieces while connections come and go.)
+struct OpenCount {
+    std::atomic<int> open{0};
+    std::atomic<int> most{0};
+};
+
+ConnScript countingEcho(OpenCount& count) {
+    return [&count](Fd& fd, ConnRecord&, const std::atomic<bool>& stop, ScriptedUpstream&) {
+        const int now = count.open.fetch_add(1) + 1;
+        for (int most = count.most.load();
+             now > most && !count.most.compare_exchange_weak(most, now);) {
+        }
+        char buf[4096];
+        for (;;) {
+            IoResult r = readSome(fd.get(), buf, sizeof buf, Millis{10'000}, &stop);
+            if (!r.ok() || r.bytes == 0) break;
+            if (!writeAll(fd.get(), buf, r.bytes, Millis{5'000}, &stop).ok()) break;
+        }
+        count.open.fetch_sub(1);
+        ::shutdown(fd.get(), SHUT_WR);
+    };
+}
+
+struct Visit {
+    bool served = false;     // its byte came back through the relay
+    double ended_after = 0;  // seconds from connect to the relay's close, when not served
+    std::string error;
+};
+
+// `n` clients at once: each connects, sends a byte and waits for its echo; served, it holds
+// the connection `hold` and closes.
+std::vector<Visit> crowd(const RelayProcess& relay, int n, Millis hold) {
+    std::vector<Visit> visits(n);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i)
+        threads.emplace_back([&, i] {
+            Visit& v = visits[i];
+            const auto t0 = Clock::now();
+            Connected c = connectTo(relay.host(), relay.port(), Millis{5'000});
+            if (!c.fd) {
+                v.error = "connect: " + c.error;
+                return;
+            }
+            const char byte = 'q';
+            char echo = 0;
+            if (!writeAll(c.fd.get(), &byte, 1, Millis{5'000}).ok()) {
+                v.error = "send failed";
+                return;
+            }
+            IoResult r = readExactly(c.fd.get(), &echo, 1, Millis{8'000});
+            if (!r.ok()) {
+                v.ended_after = secondsSince(t0);
+                if (!endedByPeer(r)) v.error = "neither served nor closed: " + r.describe();
+                return;
+            }
+            v.served = echo == byte;
+            std::this_thread::sleep_for(hold);
+        });
+    for (auto& t : threads) t.join();
+    return visits;
+}
+
+// max_connections with a queue: two backends limited to 10 each. 30 clients at once that
+// hold 300 ms are all served, the 10 over the limit after a wait in the queue; 200 that hold
+// 2 s: 20 served, the rest closed after queue_timeout (1 s), or at once past queue_size (50
+// per worker). Neither backend ever has more than 10.
+TEST_P(FailoverTest, MaxConnectionsQueuesTheExcessAndRefusesPastTheQueue) {
+    OpenCount count_a, count_b;
+    ScriptedUpstream a(AF_INET, countingEcho(count_a)), b(AF_INET, countingEcho(count_b));
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_NO_FATAL_FAILURE(
+        start("clusters:\n  - name: db\n"
+              "    balance: least_conn\n"
+              "    queue_timeout: 1s\n"
+              "    queue_size: 50\n"
+              "    backends:\n"
+              "      - {address: \"" +
+              a.hostPort() +
+              "\", max_connections: 10}\n"
+              "      - {address: \"" +
+              b.hostPort() + "\", max_connections: 10}\n"));
+
+    const std::vector<Visit> first = crowd(relay_, 30, Millis{300});
+    int served = 0;
+    for (const Visit& v : first) {
+        EXPECT_EQ(v.error, "");
+        served += v.served;
+    }
+    EXPECT_EQ(served, 30) << "30 clients, 20 places freed every 300 ms, a queue of 1 s";
+    ASSERT_TRUE(waitUntil([&] { return a.finished() + b.finished() == 30; }, Millis{5'000}));
+
+    const std::vector<Visit> second = crowd(relay_, 200, Millis{2'000});
+    const int most[2] = {count_a.most.load(), count_b.most.load()};
+    int served2 = 0, timed_out = 0, at_once = 0;
+    for (const Visit& v : second) {
+        EXPECT_EQ(v.error, "");
+        if (v.served)
+            ++served2;
+        else if (v.ended_after >= 0.9)
+            ++timed_out;
+        else
+            ++at_once;
+    }
+    std::printf(
+        "max_connections 10 x 2, queue 50 per worker, 1 s: 200 clients: %d served, %d "
+        "closed after the queue timeout, %d at once; the backends had at most %d and %d\n",
+        served2, timed_out, at_once, most[0], most[1]);
+    EXPECT_LE(most[0], 10);
+    EXPECT_LE(most[1], 10);
+    EXPECT_EQ(most[0] + most[1], 20) << "both backends were full";
+    EXPECT_EQ(served2, 20);
+    ASSERT_TRUE(relay_.waitForMetric(
+        metric::kClosedTotal, metric::reason("queue_timeout"),
+        [&](double v) { return v == timed_out; }, "== the clients closed after ~1 s"));
+    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("queue_full")), at_once);
+    EXPECT_GE(at_once, 80) << "at most 50 wait on each of the 2 workers";
+    EXPECT_EQ(timed_out + at_once, 180);
 }
 
 }  // namespace

@@ -25,7 +25,11 @@ using unit::addr;
 
 BackendConfig backend(std::string_view address, unsigned weight = 1,
                       ProxyVersion send_proxy = ProxyVersion::Off) {
-    return {addr(address), weight, send_proxy};
+    BackendConfig b;
+    b.address = addr(address);
+    b.weight = weight;
+    b.send_proxy = send_proxy;
+    return b;
 }
 
 // web:     discovered, send_proxy v1, no health checks
