@@ -69,6 +69,11 @@ Worker::Worker(unsigned id, std::shared_ptr<const Runtime> runtime,
                                            max_conns_, stats_.accept_paused);
     tick_ms_ = tickFor(rt().config);
     tick_ = toTimespec(Duration(tick_ms_));
+    // Made here, before any worker thread starts: other workers post() to it (a health
+    // check's on_marked_down ends connections on every worker), and a thread's start orders
+    // this write before all their reads; made in setUp(), TSan saw two workers race on it.
+    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
+    wake_errno_ = wake_fd_ ? 0 : errno;
 }
 
 Worker::~Worker() { join(); }
@@ -135,8 +140,10 @@ Result<void> Worker::setUp() {
     if (auto signal = paths_->startSignal(); !signal) return tl::unexpected(signal.error());
     conns_ = std::make_unique<Connections>(id_, *ring_, process_, stats_, *pumps_, *acceptor_,
                                            generations_, now_ms_, max_conns_, *paths_);
-    wake_fd_.reset(::eventfd(0, EFD_CLOEXEC));
-    if (!wake_fd_) return sysError("eventfd");
+    if (!wake_fd_) {
+        errno = wake_errno_;
+        return sysError("eventfd");
+    }
     now_ms_ = monotonicMs();
     acceptor_->start(*ring_, *conns_);
     armWake();

@@ -109,7 +109,8 @@ class Worker {
     Sockmap* const sockmap_;
     const uint32_t sockmap_base_;
     WorkerStats stats_;
-    UniqueFd wake_fd_;
+    UniqueFd wake_fd_;  // made in the constructor: any thread may post() once workers run
+    int wake_errno_ = 0;
     std::atomic<uint32_t> commands_{0};
     std::atomic<bool> finished_{false};
     std::atomic<uint64_t> applied_generation_{0};
