@@ -350,9 +350,10 @@ TEST_P(HandoverIdle, IdleConnectionsCrossEachStillWorksAndIsCountedOnce) {
     EXPECT_EQ(failed, 0) << "the first: " << first;
     idle.clear();
     EXPECT_TRUE(next.waitForMetric(kActive, metric::listener(), 0.0));
-    if (GetParam() == "sockmap")
+    if (GetParam() == "sockmap") {
         EXPECT_TRUE(next.waitForMetric(metric::kSockmapSockets, {}, 0.0))
             << "every socket out of the adopted maps as its connection closed";
+    }
     std::cout << kIdle << " idle connections: the old relay was gone " << exit_ms
               << " ms after the new one's ready line\n";
 }
