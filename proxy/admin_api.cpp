@@ -102,6 +102,9 @@ std::string backendJson(const ClusterRt& c, const BackendRt& b) {
     const bool serving =
         c.serving().admits(c.backends, static_cast<size_t>(&b - c.backends.data()));
     out += ",\"serving\":" + std::string(serving ? "true" : "false");
+    // slow_start: the share of its weight it has now, in thousandths (1000 = all of it).
+    out +=
+        ",\"slow_start_permille\":" + std::to_string(st.ramp(c.config.slow_start, monotonicMs()));
     return out + "}";
 }
 

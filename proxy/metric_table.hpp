@@ -89,6 +89,9 @@ namespace zcrelay {
     X(BackendServing, "zcrelay_backend_serving", Gauge, ("backend", "cluster"),                    \
       "1 while new connections may go to the backend: up, ready, and in the tier that serves "     \
       "(backups only while no primary is up).")                                                    \
+    X(BackendSlowStart, "zcrelay_backend_slow_start_ratio", Gauge, ("backend", "cluster"),         \
+      "The share of its weight the backend has now: 1, or, in its cluster's slow_start after "     \
+      "it came up, the part of slow_start elapsed.")                                               \
     X(BackendConnectAttempts, "zcrelay_backend_connect_attempts_total", Counter,                   \
       ("backend", "cluster"), "Connects started to the backend (retries included).")               \
     X(BackendConnections, "zcrelay_backend_connections_total", Counter, ("backend", "cluster"),    \

@@ -14,6 +14,7 @@
 #include "access_log.hpp"
 #include "address.hpp"
 #include "admin_api.hpp"
+#include "clock.hpp"
 #include "config.hpp"
 #include "discovery.hpp"
 #include "handover.hpp"
@@ -367,6 +368,15 @@ class Collector : public prometheus::Collectable {
                               now.admits(c.backends, i) ? 1 : 0);
                 }
                 return true;
+            case Metric::BackendSlowStart: {
+                const int64_t now_ms = monotonicMs();
+                perBackend(s, [&](auto& key, auto& cluster, auto& c, auto&, auto& st) {
+                    f.add({key, cluster},
+                          static_cast<double>(st.ramp(c.config.slow_start, now_ms)) /
+                              Balancer::kFullRamp);
+                });
+                return true;
+            }
             case Metric::BackendConnectAttempts:
                 perBackend(s, [&](auto& key, auto& cluster, auto&, auto&, auto& st) {
                     f.add({key, cluster},

@@ -196,13 +196,14 @@ struct BackendView {
     // In the tier that serves and taking connections; expected: -1 for "as
     // takes_new_connections" (a cluster without backups).
     int serving = -1;
+    int slow_start_permille = 1000;  // at full weight: no slow_start, or past it
 
     bool matches(const BackendView& e) const {
         return address == e.address && state == e.state && health == e.health &&
                weight == e.weight && config_weight == e.config_weight &&
                (e.active < 0 || active == e.active) &&
                takes_new_connections == e.takes_new_connections && backup == e.backup &&
-               tier == e.tier &&
+               tier == e.tier && slow_start_permille == e.slow_start_permille &&
                serving == (e.serving < 0 ? static_cast<int>(e.takes_new_connections) : e.serving);
     }
     std::string describe() const {
@@ -216,9 +217,17 @@ struct BackendView {
 };
 
 inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
-    static const std::set<std::string> kMembers = {
-        "address", "state", "health", "weight", "config_weight", "active", "takes_new_connections",
-        "backup",  "tier",  "serving"};
+    static const std::set<std::string> kMembers = {"address",
+                                                   "state",
+                                                   "health",
+                                                   "weight",
+                                                   "config_weight",
+                                                   "active",
+                                                   "takes_new_connections",
+                                                   "backup",
+                                                   "tier",
+                                                   "serving",
+                                                   "slow_start_permille"};
     if (b.type != Json::Type::Object) {
         why = "a backend is not an object";
         return std::nullopt;
@@ -228,7 +237,8 @@ inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
     if (seen != kMembers) {
         why =
             "a backend's members are not exactly address, state, health, weight, "
-            "config_weight, active, takes_new_connections, backup, tier, serving";
+            "config_weight, active, takes_new_connections, backup, tier, serving, "
+            "slow_start_permille";
         return std::nullopt;
     }
     auto whole = [&](const char* key, int& out) {
@@ -267,7 +277,8 @@ inline std::optional<BackendView> viewOf(const Json& b, std::string& why) {
     }
     out.backup = b.get("backup")->boolean;
     out.serving = b.get("serving")->boolean ? 1 : 0;
-    if (!whole("tier", out.tier)) return std::nullopt;
+    if (!whole("tier", out.tier) || !whole("slow_start_permille", out.slow_start_permille))
+        return std::nullopt;
     return out;
 }
 

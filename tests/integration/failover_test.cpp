@@ -355,6 +355,7 @@ TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
     b.check.answer(Answer::Ok);
     ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 1, Millis{10'000}));
     const auto up_at = Clock::now();
+    const double ramp_early = relay.metric(metricName(Metric::BackendSlowStart), lb).value_or(-1);
     // Short connections, one after another, for 3 s: each window's count per backend.
     constexpr int kWindows = 6;
     std::array<int, kWindows> on_a{}, on_b{};
@@ -380,6 +381,10 @@ TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
     EXPECT_LT(share(0), 0.30) << shares;
     EXPECT_GT(share(kWindows - 1), 0.38) << shares;
     EXPECT_LT(share(0), share(3)) << shares;
+    // The ramp as the metrics show it: part of the weight just after, all of it past 2 s.
+    EXPECT_GE(ramp_early, 0.0);
+    EXPECT_LT(ramp_early, 0.7) << "read within a moment of the backend coming up";
+    EXPECT_EQ(relay.metric(metricName(Metric::BackendSlowStart), lb), 1.0);
 }
 
 }  // namespace
