@@ -17,12 +17,19 @@ HttpReply check(const std::function<std::string()>& probe, int bad_status, const
 tl::expected<std::unique_ptr<MetricsEndpoint>, std::string> MetricsEndpoint::start(
     const MetricsConfig& config, std::shared_ptr<prometheus::Collectable> metrics,
     std::function<std::string()> unhealthy, std::function<std::string()> unready, HttpStats& stats,
-    UniqueFd adopted_metrics, UniqueFd adopted_health) {
+    UniqueFd adopted_metrics, UniqueFd adopted_health, std::function<std::string()> ready_notes) {
     const HttpLimits limits{config.request_timeout, config.max_connections,
                             config.max_request_size};
     std::vector<HttpRoute> probes = {
         {"/healthz", [unhealthy](const HttpRequest&) { return check(unhealthy, 500, "ok"); }},
-        {"/readyz", [unready](const HttpRequest&) { return check(unready, 503, "ready"); }},
+        {"/readyz",
+         [unready, ready_notes](const HttpRequest&) {
+             HttpReply r = check(unready, 503, "ready");
+             // Ready, but not as configured: backups serving, a backend ramping up. Lines an
+             // operator reads; the status alone is what a probe reads.
+             if (r.status == 200 && ready_notes) r.body += ready_notes();
+             return r;
+         }},
     };
     std::vector<HttpRoute> all = probes;
     all.push_back({"/metrics", [metrics](const HttpRequest&) {

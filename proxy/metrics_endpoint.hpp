@@ -30,7 +30,7 @@ class MetricsEndpoint {
         const MetricsConfig& config, std::shared_ptr<prometheus::Collectable> metrics,
         std::function<std::string()> unhealthy, std::function<std::string()> unready,
         HttpStats& stats, UniqueFd adopted_metrics = UniqueFd(),
-        UniqueFd adopted_health = UniqueFd());
+        UniqueFd adopted_health = UniqueFd(), std::function<std::string()> ready_notes = {});
 
     uint16_t port() const { return metrics_->address().port(); }
     // 0 without health_listen.

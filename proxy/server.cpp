@@ -199,7 +199,8 @@ tl::expected<std::unique_ptr<Server>, std::string> Server::start(Config config, 
             makeCollector([self] { return self->current(); }, std::move(stats), &self->process_),
             [self] { return self->unhealthy(); }, [self] { return self->unready(); },
             self->process_.endpoint, takeHandedOf(handed, "metrics", running.metrics.listen),
-            takeHandedOf(handed, "health", running.metrics.health_listen));
+            takeHandedOf(handed, "health", running.metrics.health_listen),
+            [self] { return self->readyNotes(); });
         if (!endpoint) return tl::unexpected(endpoint.error());
         server->metrics_ = std::move(*endpoint);
     }
@@ -653,6 +654,28 @@ std::string Server::unready() const {
             return "listener " + l.config.name + ": no backend of any route's cluster is up";
     }
     return "";
+}
+
+std::string Server::readyNotes() const {
+    std::shared_ptr<const Runtime> rt = current();
+    std::string out;
+    const int64_t now_ms = monotonicMs();
+    for (const ClusterRt& c : rt->clusters) {
+        if (c.tiered) {
+            const Serving s = c.serving();
+            if (s.any && s.tier > 0)
+                out += "cluster " + c.config.name + ": every primary is down; backup tier " +
+                       std::to_string(s.tier) + " serves\n";
+        }
+        if (c.config.slow_start.count() <= 0) continue;
+        for (const BackendRt& b : c.backends) {
+            const uint64_t ramp = b.state->ramp(c.config.slow_start, now_ms);
+            if (ramp < Balancer::kFullRamp && b.state->takesNew())
+                out += "cluster " + c.config.name + ": backend " + b.key + " in slow_start, at " +
+                       std::to_string(ramp / 10) + "% of its weight\n";
+        }
+    }
+    return out;
 }
 
 void Server::stop() {

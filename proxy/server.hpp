@@ -87,6 +87,9 @@ class Server {
     // with no backend up). Any thread.
     std::string unhealthy() const;
     std::string unready() const;
+    // Ready, but not as configured: what /readyz adds under "ready" (backups serving, a
+    // backend in slow_start).
+    std::string readyNotes() const;
     // 0 when metrics are disabled.
     uint16_t metricsPort() const { return metrics_ ? metrics_->port() : 0; }
     // 0 without metrics.health_listen.

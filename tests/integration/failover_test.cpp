@@ -246,6 +246,9 @@ TEST_P(FailoverTest, BackupsServeWhilePrimariesAreDownAndGiveTheirSessionsBack) 
         ASSERT_EQ(open(on_backup), '1') << "without all_backups, only the first backup serves";
     EXPECT_EQ(serving(b1), 1.0);
     EXPECT_EQ(serving(b2), 0.0);
+    // Ready, on its backups, and /readyz says so under its status.
+    EXPECT_EQ(relay_.get("/readyz")->body,
+              "ready\ncluster db: every primary is down; backup tier 1 serves\n");
     // The primary's own sessions were left alone (no on_marked_down here).
     for (Fd& fd : sessions) EXPECT_TRUE(exchange(fd.get(), 0x1, 4 * kKiB));
 
@@ -356,6 +359,7 @@ TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
     ASSERT_TRUE(relay.waitForMetric(metric::kBackendUp, lb, 1, Millis{10'000}));
     const auto up_at = Clock::now();
     const double ramp_early = relay.metric(metricName(Metric::BackendSlowStart), lb).value_or(-1);
+    const std::string ready_early = relay.get("/readyz")->body;
     // Short connections, one after another, for 3 s: each window's count per backend.
     constexpr int kWindows = 6;
     std::array<int, kWindows> on_a{}, on_b{};
@@ -385,6 +389,11 @@ TEST(FailoverSlowStart, ABackendThatComesBackRampsItsShareOverSlowStart) {
     EXPECT_GE(ramp_early, 0.0);
     EXPECT_LT(ramp_early, 0.7) << "read within a moment of the backend coming up";
     EXPECT_EQ(relay.metric(metricName(Metric::BackendSlowStart), lb), 1.0);
+    EXPECT_NE(ready_early.find("ready\ncluster db: backend " + b.backend.address() +
+                               " in slow_start, at "),
+              std::string::npos)
+        << ready_early;
+    EXPECT_EQ(relay.get("/readyz")->body, "ready\n") << "past the ramp";
 }
 
 }  // namespace
