@@ -310,7 +310,9 @@ const Key<DiscoveryConfig> kDiscoveryKeyTable[] = {
      .member = &DiscoveryConfig::srv,
      .max = 254,
      .help = "or an SRV name (_http._tcp.web.default.svc.cluster.local): its targets at their "
-             "ports and weights; only the lowest priority present is used"},
+             "ports and weights; each priority is a tier: the next serves while no backend of the "
+             "lower "
+             "ones is up"},
     {.name = "port",
      .kind = Kind::Count,
      .member = &DiscoveryConfig::port,

@@ -115,9 +115,11 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
     std::vector<BackendConfig> set;
     uint64_t judged_own = 0;
     if (outcome == DiscoveryOutcome::Success) {
-        std::sort(found.begin(), found.end(), byAddress);
+        std::sort(found.begin(), found.end(), [](const BackendConfig& a, const BackendConfig& b) {
+            return byAddress(a, b) || (!byAddress(b, a) && a.tier < b.tier);
+        });
         // One address may come from two SRV records (two ports are two backends; the same
-        // port twice is one).
+        // port twice is one, in the lower of their priorities' tiers).
         found.erase(std::unique(found.begin(), found.end(),
                                 [](const BackendConfig& a, const BackendConfig& b) {
                                     return a.address == b.address;
@@ -134,11 +136,17 @@ void Discovery::answered(Entry& e, DiscoveryOutcome outcome, std::vector<Backend
     if (outcome == DiscoveryOutcome::Success) {
         if (found.size() > e.spec.max_backends) {
             if (!e.warned_cap)
-                LOG_WARN("cluster %s: %s has %zu addresses; max_backends keeps the lowest %u",
-                         e.cluster.c_str(), e.spec.name().c_str(), found.size(),
-                         e.spec.max_backends);
+                LOG_WARN(
+                    "cluster %s: %s has %zu addresses; max_backends keeps %u, the lowest "
+                    "priorities first, then the lowest addresses",
+                    e.cluster.c_str(), e.spec.name().c_str(), found.size(), e.spec.max_backends);
             e.warned_cap = true;
+            // The lowest tiers first: a cap keeps the backends that serve.
+            std::stable_sort(
+                found.begin(), found.end(),
+                [](const BackendConfig& a, const BackendConfig& b) { return a.tier < b.tier; });
             found.resize(e.spec.max_backends);
+            std::sort(found.begin(), found.end(), byAddress);
         }
         set = std::move(found);
         const int64_t refresh = std::clamp<int64_t>(int64_t{ttl} * 1000, msOf(e.spec.refresh_min),

@@ -33,6 +33,7 @@ struct SrvTarget {
     std::string host;
     uint16_t port;
     uint32_t weight;
+    uint32_t tier;  // its priority's rank among the answer's: 0 for the lowest
 };
 
 // One cluster's name, as the thread follows it.
@@ -63,6 +64,7 @@ struct Discovery::Query {
     uint16_t port;
     uint32_t weight;
     bool srv_target;
+    uint32_t tier = 0;  // an SRV target's (SrvTarget::tier)
 };
 
 // What a cluster asks for, as log lines and startup errors name it.

@@ -88,7 +88,7 @@ uint32_t minAnswerTtl(const unsigned char* m, int len) {
 }
 
 // The addresses of a getaddrinfo answer at `port`, and its smallest TTL.
-void collect(const ares_addrinfo* ai, uint16_t port, uint32_t weight,
+void collect(const ares_addrinfo* ai, uint16_t port, uint32_t weight, uint32_t tier,
              std::vector<BackendConfig>& out, uint32_t& ttl) {
     for (const ares_addrinfo_cname* c = ai->cnames; c; c = c->next)
         ttl = std::min(ttl, static_cast<uint32_t>(std::max(0, c->ttl)));
@@ -100,6 +100,7 @@ void collect(const ares_addrinfo* ai, uint16_t port, uint32_t weight,
         BackendConfig b;
         b.address = a;
         b.weight = weight;
+        b.tier = tier;
         out.push_back(b);
     }
 }
@@ -163,7 +164,7 @@ void Discovery::ask(Entry& e) {
                 }
                 std::vector<BackendConfig> found;
                 uint32_t ttl = UINT32_MAX;
-                if (status == ARES_SUCCESS && ai) collect(ai, q->port, q->weight, found, ttl);
+                if (status == ARES_SUCCESS && ai) collect(ai, q->port, q->weight, 0, found, ttl);
                 if (ai) ares_freeaddrinfo(ai);
                 q->self->answered(*q->entry, outcomeOf(status), std::move(found),
                                   ttl == UINT32_MAX ? 0 : ttl);
@@ -189,17 +190,24 @@ void Discovery::ask(Entry& e) {
                 return;
             }
             // RFC 2782: the lowest priority is tried first; the others stand by while it has a
-            // target. A target "." says the service is not offered there.
-            int lowest = INT32_MAX;
+            // target. Each priority is a tier (ClusterRt::serving): the lowest serves while one
+            // of its backends is up, the next when none is. A target "." says the service is
+            // not offered there.
+            std::vector<uint16_t> priorities;
             for (const ares_srv_reply* r = reply; r; r = r->next)
                 if (std::strcmp(r->host, ".") != 0 && r->host[0] != '\0')
-                    lowest = std::min<int>(lowest, r->priority);
+                    priorities.push_back(r->priority);
+            std::sort(priorities.begin(), priorities.end());
+            priorities.erase(std::unique(priorities.begin(), priorities.end()), priorities.end());
             std::vector<SrvTarget> targets;
             for (const ares_srv_reply* r = reply; r; r = r->next) {
-                if (r->priority != lowest || std::strcmp(r->host, ".") == 0 || r->host[0] == '\0')
-                    continue;
-                targets.push_back(
-                    {r->host, r->port, std::clamp<uint32_t>(r->weight, kMinWeight, kMaxWeight)});
+                if (std::strcmp(r->host, ".") == 0 || r->host[0] == '\0') continue;
+                const auto rank =
+                    std::lower_bound(priorities.begin(), priorities.end(), r->priority) -
+                    priorities.begin();
+                targets.push_back({r->host, r->port,
+                                   std::clamp<uint32_t>(r->weight, kMinWeight, kMaxWeight),
+                                   static_cast<uint32_t>(rank)});
             }
             ares_free_data(reply);
             q->self->askTargets(e, std::move(targets), minAnswerTtl(abuf, alen));
@@ -217,7 +225,7 @@ void Discovery::askTargets(Entry& e, std::vector<SrvTarget> targets, uint32_t tt
     e.ttl = ttl;
     e.target_failure = DiscoveryOutcome::NoData;
     for (const SrvTarget& t : targets) {
-        auto* q = new Query{this, &e, e.round, t.port, t.weight, true};
+        auto* q = new Query{this, &e, e.round, t.port, t.weight, true, t.tier};
         ares_addrinfo_hints hints{};
         hints.ai_family = familyOf(e.spec.family);
         hints.ai_socktype = SOCK_STREAM;
@@ -235,7 +243,7 @@ void Discovery::askTargets(Entry& e, std::vector<SrvTarget> targets, uint32_t tt
                 Entry& e = *q->entry;
                 uint32_t ttl = e.ttl;
                 if (status == ARES_SUCCESS && ai) {
-                    collect(ai, q->port, q->weight, e.gathered, ttl);
+                    collect(ai, q->port, q->weight, q->tier, e.gathered, ttl);
                     e.ttl = ttl;
                 } else {
                     e.target_failure = outcomeOf(status);

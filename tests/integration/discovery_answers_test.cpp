@@ -16,9 +16,10 @@ namespace zcrelay::test::discovery_test {
 namespace {
 
 // =============================================================================================
-// 2. SRV: each record's port and weight; only the lowest priority; a changed set is followed.
+// 2. SRV: each record's port and weight; the lowest priority serves, the next is a tier that
+// stands by; a changed set is followed.
 
-TEST_F(DiscoveryTest, SrvRecordsGivePortsWeightsAndOnlyTheLowestPriority) {
+TEST_F(DiscoveryTest, SrvRecordsGivePortsWeightsAndPrioritiesAsTiers) {
     Backend a('a', "127.0.0.2", 0), b('b', "127.0.0.3", 0), c('c', "127.0.0.4", 0);
     ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.error() << b.error() << c.error();
     ASSERT_TRUE(dns_.start({.ttl = 1}));
@@ -35,10 +36,16 @@ TEST_F(DiscoveryTest, SrvRecordsGivePortsWeightsAndOnlyTheLowestPriority) {
     ASSERT_TRUE(relay_.start(relayConfig(resolversYaml(dns_, writeResolvConf()), {app})));
 
     std::string text = scrape();
-    EXPECT_EQ(valueIn(text, kDiscovered, cluster("app")), 2.0) << text;
+    EXPECT_EQ(valueIn(text, kDiscovered, cluster("app")), 3.0) << text;
     EXPECT_TRUE(hasBackendIn(text, "app", a.address())) << "at the SRV record's port";
     EXPECT_TRUE(hasBackendIn(text, "app", b.address()));
-    EXPECT_FALSE(hasBackendIn(text, "app", c.address())) << "priority 10 while 0 has targets";
+    // Priority 10 stands by, a tier above, while priority 0 has a backend up.
+    const char* kTier = metricName(Metric::BackendTier);
+    const char* kServing = metricName(Metric::BackendServing);
+    EXPECT_EQ(valueIn(text, kTier, metric::backend("app", a.address())), 0.0);
+    EXPECT_EQ(valueIn(text, kTier, metric::backend("app", c.address())), 1.0);
+    EXPECT_EQ(valueIn(text, kServing, metric::backend("app", a.address())), 1.0);
+    EXPECT_EQ(valueIn(text, kServing, metric::backend("app", c.address())), 0.0);
     EXPECT_EQ(valueIn(text, kBackendWeight, metric::backend("app", a.address())), 3.0);
     EXPECT_EQ(valueIn(text, kBackendWeight, metric::backend("app", b.address())), 1.0);
 
@@ -122,7 +129,8 @@ TEST_F(DiscoveryTest, FortyAddressesComeOverTcpAndMaxBackendsKeepsTheLowest) {
     }
     EXPECT_GE(tcpQueries(dns_, "big.test", "A"), 1u) << "no A query for big.test came over TCP\n"
                                                      << dns_.diagnostics();
-    EXPECT_NE(logLines("max_backends keeps the lowest 8"), 0u) << relay_.stderrText();
+    EXPECT_NE(logLines("max_backends keeps 8, the lowest priorities first"), 0u)
+        << relay_.stderrText();
 }
 
 // =============================================================================================
