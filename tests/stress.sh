@@ -28,12 +28,12 @@
 #   UpgradeUnderLoad|AcceptQueue  a cancelled accept kept the wakeup of its client (bb65e46);
 #                                 the old relay's share of a queue varies with timing
 #   Handover                      a scrape after the ready line reached the old relay (4885ffa)
-#   Failover                      checks at 100 ms against closes and ramps; none seen racing
+#   FailoverTest|Checks|SlowStart checks at 100 ms against closes and ramps; none seen racing
 #                                 (176 runs 8-wide under ASan), here because they are timing
 set -euo pipefail
 build=${1:-build}
 count=${2:-20}
-regex=${3:-'SendProxyOverrideTest|AReaderPastTheDeadline|FullDuplexEchoes|AdminApiTest.*Ready|AdminDrainTest|DiscoveryScaleTest|LifetimeTest|ControlPlane|ReloadTest|UpstreamResetMidStream|LargeHelloTest|UpgradeUnderLoad|AcceptQueue|Handover|Failover'}
+regex=${3:-'SendProxyOverrideTest|AReaderPastTheDeadline|FullDuplexEchoes|AdminApiTest.*Ready|AdminDrainTest|DiscoveryScaleTest|LifetimeTest|ControlPlane|ReloadTest|UpstreamResetMidStream|LargeHelloTest|UpgradeUnderLoad|AcceptQueue|Handover|FailoverTest|FailoverChecks|FailoverSlowStart'}
 command -v stress-ng >/dev/null || { echo "stress.sh: stress-ng is not installed (deploy/install-deps.sh installs it)" >&2; exit 2; }
 
 stress-ng --cpu 2 --timeout 7200 --quiet &
