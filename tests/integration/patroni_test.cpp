@@ -47,6 +47,13 @@ constexpr double kBoundSeconds = (kFall * kIntervalMs + kTimeoutMs) / 1000.0;
 // relay's worker wake-up.
 constexpr double kSlackSeconds = 1.0;
 
+// How long a client waits for a session to open or a statement to answer before it gives up
+// and opens another. Long enough that a relay which holds a new connection until a server is
+// up (HAProxy queues it, up to `timeout connect`) is timed by when it serves it, not by this:
+// with 3 s here, HAProxy's outages read 3.1-3.2 s every time. A session the relay or the
+// server cuts ends at once (EOF), whatever this is.
+constexpr Millis kPatience{10'000};
+
 // One psql session fed statement by statement: stdin is a FIFO this side holds open, stdout a
 // pipe read line by line (stdbuf -oL: psql's stdout is a pipe, fully buffered otherwise).
 class PsqlSession {
@@ -204,10 +211,10 @@ class Clients {
         probe_thread_ = std::thread([this, d = dir + "/" + name, port] {
             PsqlSession s(d, port);
             while (!stop_.load()) {
-                auto a = s.ask("SELECT pg_is_in_recovery();", Millis{2'000});
+                auto a = s.ask("SELECT pg_is_in_recovery();", kPatience);
                 if (!a) {
                     ++probe_reconnects;
-                    if (!s.open(Millis{3'000})) std::this_thread::sleep_for(Millis{50});
+                    if (!s.open(kPatience)) std::this_thread::sleep_for(Millis{50});
                     continue;
                 }
                 std::lock_guard lock(probe.mu);
@@ -220,9 +227,9 @@ class Clients {
             PsqlSession s(d, port);
             while (!stop_.load()) {
                 auto a = s.ask("INSERT INTO writes (who) VALUES ('" + name + "') RETURNING id;",
-                               Millis{3'000});
+                               kPatience);
                 if (!a || a->empty() || a->find_first_not_of("0123456789") != std::string::npos) {
-                    if (!s.open(Millis{3'000})) std::this_thread::sleep_for(Millis{50});
+                    if (!s.open(kPatience)) std::this_thread::sleep_for(Millis{50});
                     continue;
                 }
                 std::lock_guard lock(writes.mu);
