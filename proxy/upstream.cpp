@@ -131,6 +131,12 @@ ConnectStep UpstreamSide::connect(Ring& ring, Conn& c, uint32_t slot) {
     if (c.fd[1] < 0) {
         // A connection that waited for an fd comes back here with its backend already picked.
         int b = c.backend >= 0 && c.attempts == 0 ? c.backend : pickBackend(c);
+        if (b < 0 && c.attempts > 0) {
+            // Every backend that is up was tried once: go round again (a lone backend that
+            // refused once may well accept now), still within the budget.
+            c.tried = 0;
+            b = pickBackend(c);
+        }
         // A place under the pick's max_connections; another worker may have taken the last
         // one since the pick looked: pick again without it.
         while (b >= 0 && !c.holding &&
@@ -143,12 +149,6 @@ ConnectStep UpstreamSide::connect(Ring& ring, Conn& c, uint32_t slot) {
             // Up, but every one that may take it is at max_connections: wait for a place.
             c.tried = 0;
             return {ConnectStep::Queue};
-        }
-        if (b < 0 && c.attempts > 0) {
-            // Every backend that is up was tried once: go round again (a lone backend that
-            // refused once may well accept now), still within the budget.
-            c.tried = 0;
-            b = pickBackend(c);
         }
         if (b < 0) {
             if (c.attempts == 0) {
