@@ -76,6 +76,9 @@ class PsqlSession {
         static const std::string stdbuf = findExecutable("stdbuf").value_or("/usr/bin/stdbuf");
         static const std::string psql = findExecutable("psql").value_or("/usr/bin/psql");
         ChildProcess::Options o;
+        // ON_ERROR_STOP: an error (an INSERT on a node that turned read-only) ends psql, as a
+        // client drops a connection that failed it, instead of printing nothing on stdout while
+        // we wait for a line.
         o.argv = {stdbuf,
                   "-oL",
                   psql,
@@ -83,6 +86,8 @@ class PsqlSession {
                   "-A",
                   "-t",
                   "-q",
+                  "-v",
+                  "ON_ERROR_STOP=1",
                   "-h",
                   "127.0.0.1",
                   "-p",
@@ -306,9 +311,19 @@ std::string relayClusters(const PatroniCluster& pg) {
     return "clusters:\n" + cluster("pg-primary", "/primary") + cluster("pg-replicas", "/replica");
 }
 
-// Patroni's documented HAProxy config, with the relay's check timing.
+// Patroni's documented HAProxy config (its `defaults`: retries 2, timeout connect 4s, client
+// and server 30m), with the relay's check timing. The retries matter: HAProxy tries a refused
+// server again, a second apart, before it gives the client up.
 std::string haproxyConfig(const PatroniCluster& pg, const std::string& bind) {
-    std::string c = haproxyTcpPreamble() +
+    std::string c = std::string(
+                        "global\n"
+                        "    maxconn 100\n"
+                        "defaults\n"
+                        "    mode tcp\n"
+                        "    retries 2\n"
+                        "    timeout client 30m\n"
+                        "    timeout connect 4s\n"
+                        "    timeout server 30m\n") +
                     "listen primary\n"
                     "    bind " +
                     bind +
@@ -447,6 +462,17 @@ TEST_P(PatroniFailover, ClientsFollowTheLeaderAndNoneStaysOnADemotedPrimary) {
             "probe reconnects %d\n",
             s.who, GetParam().c_str(), in_recovery, kBoundSeconds, switch_outage, kill_outage,
             acked.size(), lost_switch.size(), lost_kill.size(), s.c->probe_reconnects.load());
+        {
+            // The writer's acknowledged rows per second of the case, for a reader to see where
+            // an outage or a slowdown was.
+            std::vector<int> per_second(static_cast<size_t>(end_at) + 1);
+            for (auto [at, id] : s.c->writes.acked)
+                if (at >= 0 && at < per_second.size()) ++per_second[static_cast<size_t>(at)];
+            std::string line;
+            for (int n : per_second) line += " " + std::to_string(n);
+            std::printf("[ writes %s %s ] per second:%s (switchover at %.1f s, kill at %.1f s)\n",
+                        s.who, GetParam().c_str(), line.c_str(), switch_at, kill_at);
+        }
         std::printf("[ pgbench %s %s ] %ld transactions in %d runs of 1 s, %d of them cut\n", s.who,
                     GetParam().c_str(), s.c->pgbench_transactions.load(), s.c->pgbench_runs.load(),
                     s.c->pgbench_cut.load());
