@@ -82,14 +82,12 @@ peers' new masters and workers) are stopped, by pid; it becomes a child subreape
 daemonised masters are reaped here.
 """
 import errno
-import hashlib
 import heapq
 import json
 import os
 import re
 import resource
 import selectors
-import shutil
 import signal
 import socket
 import struct
@@ -879,13 +877,7 @@ def main():
     redone = []
     t_run = mono()
     try:
-        # One binary for the whole run, whatever happens to the build meanwhile.
-        binary = os.path.join(tmp, "zcrelay")
-        shutil.copy2(U.RELAY, binary)
-        with open(binary, "rb") as f:
-            sha = hashlib.sha256(f.read()).hexdigest()
-        built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(U.RELAY).st_mtime))
-        U.RELAY = binary
+        sha, built = U.pin_relay(tmp)
         echo, echo_port = start_echo(rounds * (len(WAYS) * 30 + len(IDLE) * 40) + 120)
         u = os.uname()
         host = (f"host: {u.sysname} {u.release} {u.version} {u.machine}; nproc {os.cpu_count()}; "

@@ -92,6 +92,21 @@ STALLED_MS = 100    # a longer gap before the trigger: the machine was busy, run
 OUTCOMES = ("ok", "refused", "reset", "timeout", "other")
 
 
+def pin_relay(tmp):
+    """One binary for a whole run, whatever happens to the build meanwhile: RELAY copied into
+    `tmp` and used from there. Returns its sha256 and when the copied build was made."""
+    global RELAY
+    import hashlib
+    import shutil
+    binary = os.path.join(tmp, "zcrelay")
+    shutil.copy2(RELAY, binary)
+    with open(binary, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    built = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(os.stat(RELAY).st_mtime))
+    RELAY = binary
+    return sha, built
+
+
 def die(msg):
     raise SystemExit(f"upgrade.py: {msg}")
 
