@@ -119,6 +119,15 @@ def serve_main(tags, seconds):
         s.setblocking(False)
         return s
 
+    def accept_all(sock):
+        """Every connection the non-blocking listener has queued now."""
+        while True:
+            try:
+                c, _ = sock.accept()
+            except BlockingIOError:
+                return
+            yield c
+
     for tag in tags:
         t, h = listener(), listener()
         sel.register(t, selectors.EVENT_READ, ("tag", tag))
@@ -135,11 +144,7 @@ def serve_main(tags, seconds):
         for key, _ in sel.select(0.5):
             kind, tag = key.data
             if kind == "tag":
-                while True:
-                    try:
-                        c, _ = key.fileobj.accept()
-                    except BlockingIOError:
-                        break
+                for c in accept_all(key.fileobj):
                     accepted[tag] += 1
                     try:
                         c.send(tag.encode())   # 1 byte into an empty socket buffer
@@ -147,11 +152,7 @@ def serve_main(tags, seconds):
                         pass
                     c.close()
             elif kind == "check":
-                while True:
-                    try:
-                        c, _ = key.fileobj.accept()
-                    except BlockingIOError:
-                        break
+                for c in accept_all(key.fileobj):
                     c.setblocking(False)
                     pending[c] = (tag, b"")
                     sel.register(c, selectors.EVENT_READ, ("req", tag))
