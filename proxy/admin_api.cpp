@@ -281,8 +281,7 @@ HttpReply AdminApi::change(const ClusterRt& cluster, const BackendRt& backend,
     if (state) {
         const AdminState was = st.admin.exchange(*state);
         // Back to ready from drain or maint: slow_start ramps it like a backend that came up.
-        if (*state == AdminState::Ready && was != AdminState::Ready)
-            st.up_since_ms.store(monotonicMs(), std::memory_order_relaxed);
+        if (*state == AdminState::Ready && was != AdminState::Ready) st.cameUp();
         stats_
             .changes[idx(*state == AdminState::Ready   ? AdminChange::StateReady
                          : *state == AdminState::Drain ? AdminChange::StateDrain

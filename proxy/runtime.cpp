@@ -75,7 +75,7 @@ std::shared_ptr<const Runtime> Runtime::build(
                 b.state = std::make_shared<BackendState>(workers);
                 // Added while running (discovery, a reload): slow_start ramps it from now.
                 // At start every backend takes its full share at once.
-                if (previous) b.state->up_since_ms.store(monotonicMs(), std::memory_order_relaxed);
+                if (previous) b.state->cameUp();
                 // Discovered and checked: a new address proves itself first (rise passes).
                 if (cc.discovery.enabled() && cc.health_check.enabled)
                     b.state->up.store(false, std::memory_order_relaxed);

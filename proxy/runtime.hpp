@@ -117,9 +117,6 @@ struct BackendState {
                weight_override.load(std::memory_order_relaxed) != 0;
     }
 
-    // Health checks, passive ejection and its timeout all switch `up` through this; any
-    // worker may, so the switch is a compare-and-swap. True if this call changed it (and
-    // counted the transition); false if it already was so.
     // A place under `max` (0: no limit, always true); false at the limit. Any worker.
     bool take(unsigned max) {
         if (max == 0) return true;
@@ -132,11 +129,18 @@ struct BackendState {
         return max != 0 && held.load(std::memory_order_relaxed) >= static_cast<int32_t>(max);
     }
 
+    // It takes connections again from now (up, back to ready, added while running):
+    // slow_start ramps it from here.
+    void cameUp() { up_since_ms.store(monotonicMs(), std::memory_order_relaxed); }
+
+    // Health checks, passive ejection and its timeout all switch `up` through this; any
+    // worker may, so the switch is a compare-and-swap. True if this call changed it (and
+    // counted the transition); false if it already was so.
     bool markUp(bool to) {
         bool from = !to;
         if (!up.compare_exchange_strong(from, to)) return false;
         (to ? went_up : went_down).fetch_add(1, std::memory_order_relaxed);
-        if (to) up_since_ms.store(monotonicMs(), std::memory_order_relaxed);
+        if (to) cameUp();
         return true;
     }
 };
@@ -194,10 +198,12 @@ struct ClusterRt {
     ClusterConfig config;
     std::vector<BackendRt> backends;
     std::vector<BackendSpec> specs;  // for each worker's Balancer
-    bool tiered = false;             // a backend has tier > 0: serving() must be asked
+    bool tiered = false;             // a backend has tier > 0: serving() scans
 
-    // The tier (and backup) taking new connections now; `any` false when none can.
+    // The tier (and backup) taking new connections now; `any` false when none can. Without
+    // tiers every backend is tier 0 and admits() is takesNew(): no scan.
     Serving serving() const {
+        if (!tiered) return {0, -1, true};
         Serving s;
         for (size_t i = 0; i < backends.size(); ++i) {
             const BackendRt& b = backends[i];

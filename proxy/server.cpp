@@ -661,12 +661,9 @@ std::string Server::readyNotes() const {
     std::string out;
     const int64_t now_ms = monotonicMs();
     for (const ClusterRt& c : rt->clusters) {
-        if (c.tiered) {
-            const Serving s = c.serving();
-            if (s.any && s.tier > 0)
-                out += "cluster " + c.config.name + ": every primary is down; backup tier " +
-                       std::to_string(s.tier) + " serves\n";
-        }
+        if (const Serving s = c.serving(); s.any && s.tier > 0)
+            out += "cluster " + c.config.name + ": every primary is down; backup tier " +
+                   std::to_string(s.tier) + " serves\n";
         if (c.config.slow_start.count() <= 0) continue;
         for (const BackendRt& b : c.backends) {
             const uint64_t ramp = b.state->ramp(c.config.slow_start, now_ms);

@@ -84,11 +84,11 @@ namespace {
 
 // A backend that would take a client, but for its max_connections.
 bool anyFull(const ClusterRt& cl) {
-    const Serving serving = cl.tiered ? cl.serving() : Serving{0, -1, true};
+    const Serving serving = cl.serving();
     for (size_t i = 0; i < cl.backends.size(); ++i) {
         const BackendRt& b = cl.backends[i];
         if (b.config.max_connections == 0 || !b.state->full(b.config.max_connections)) continue;
-        if (cl.tiered ? serving.admits(cl.backends, i) : b.state->takesNew()) return true;
+        if (serving.admits(cl.backends, i)) return true;
     }
     return false;
 }
@@ -102,13 +102,12 @@ int UpstreamSide::pickBackend(Conn& c) {
     if (cl.config.balance == Balance::SourceHash) key = hashAddress(clientAddress(c));
     // Backups serve only while no primary takes connections; a primary that refused this
     // connect is still up (checks decide that), so the backups wait.
-    const Serving serving = cl.tiered ? cl.serving() : Serving{0, -1, true};
+    const Serving serving = cl.serving();
     return c.gen->balancers[ci].pick(
         key,
         [&](size_t i) {
             const BackendRt& b = cl.backends[i];
-            return !(c.tried & (uint64_t{1} << (i % 64))) &&
-                   (cl.tiered ? serving.admits(cl.backends, i) : b.state->takesNew()) &&
+            return !(c.tried & (uint64_t{1} << (i % 64))) && serving.admits(cl.backends, i) &&
                    !b.state->full(b.config.max_connections);
         },
         [&](size_t i) {
