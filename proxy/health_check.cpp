@@ -49,12 +49,9 @@ void HealthChecker::reset(const Runtime& rt) {
             ck.backend = &b;
             ck.interval = toTimespec(hc.interval);
             ck.target = checkTarget(hc, b.config);
-            if (hc.http.enabled) {
-                ck.request = httpCheckRequest(hc.http, ck.target);
-                ck.reply.resize(HttpCheckConfig::kMaxReply);
-            } else {
-                ck.reply.resize(hc.expect.size());
-            }
+            ck.http = hc.http.enabled;
+            ck.send = ck.http ? httpCheckRequest(hc.http, ck.target) : hc.send;
+            ck.reply.resize(ck.http ? HttpCheckConfig::kMaxReply : hc.expect.size());
             checks_.push_back(std::move(ck));
         }
     }
@@ -104,7 +101,6 @@ void HealthChecker::start(uint32_t i) {
 
 void HealthChecker::step(uint32_t i) {
     Check& ck = checks_[i];
-    const HealthCheckConfig& hc = ck.cluster->config.health_check;
     int64_t left = ck.deadline_us - monotonicUs();
     if (left <= 0) {
         finish(i, false, "timeout");
@@ -116,11 +112,10 @@ void HealthChecker::step(uint32_t i) {
         case Check::Step::Connect:
             io_uring_prep_connect(s, ck.fd, ck.target.sockaddrPtr(), ck.target.length);
             break;
-        case Check::Step::Send: {
-            const std::string& out = ck.request.empty() ? hc.send : ck.request;
-            io_uring_prep_send(s, ck.fd, out.data() + ck.done, out.size() - ck.done, MSG_NOSIGNAL);
+        case Check::Step::Send:
+            io_uring_prep_send(s, ck.fd, ck.send.data() + ck.done, ck.send.size() - ck.done,
+                               MSG_NOSIGNAL);
             break;
-        }
         case Check::Step::Recv:
             io_uring_prep_recv(s, ck.fd, ck.reply.data() + ck.done, ck.reply.size() - ck.done, 0);
             break;
@@ -145,20 +140,19 @@ void HealthChecker::onStep(uint32_t i, int res) {
     }
     switch (ck.step) {
         case Check::Step::Connect:
-            ck.step = !hc.send.empty() || !ck.request.empty() ? Check::Step::Send
-                      : !hc.expect.empty()                    ? Check::Step::Recv
-                                                              : Check::Step::Idle;
+            ck.step = !ck.send.empty()                ? Check::Step::Send
+                      : ck.http || !hc.expect.empty() ? Check::Step::Recv
+                                                      : Check::Step::Idle;
             break;
         case Check::Step::Send:
             ck.done += static_cast<uint32_t>(res);
-            if (ck.done == (ck.request.empty() ? hc.send : ck.request).size()) {
+            if (ck.done == ck.send.size()) {
                 ck.done = 0;
-                ck.step =
-                    hc.expect.empty() && ck.request.empty() ? Check::Step::Idle : Check::Step::Recv;
+                ck.step = ck.http || !hc.expect.empty() ? Check::Step::Recv : Check::Step::Idle;
             }
             break;
         case Check::Step::Recv:
-            if (!ck.request.empty()) {
+            if (ck.http) {
                 ck.done += static_cast<uint32_t>(res);
                 const HttpVerdict v =
                     judgeHttpReply(hc.http, std::string_view(ck.reply.data(), ck.done),

@@ -58,7 +58,8 @@ class HealthChecker {
         const ClusterRt* cluster = nullptr;  // of the generation reset() was given
         const BackendRt* backend = nullptr;
         SocketAddress target;  // the backend's address, on health_check.port, or check_address
-        std::string request;   // an HTTP check's, or empty (then `send`)
+        std::string send;      // what it sends once connected: `send`, or the HTTP request
+        bool http = false;     // the reply is judged as HTTP (http_check.hpp), not `expect`
         int fd = -1;
         Step step = Step::Idle;
         uint32_t done = 0;  // bytes of `send` sent, or of `expect` received
