@@ -85,9 +85,10 @@ class Balancer {
     static constexpr uint64_t kFullRamp = 1000;
     template <class Usable, class Active, class Ramp>
     int pick(uint64_t source_key, Usable&& usable, Active&& active, Ramp&& ramp) {
-        const size_t n = weights_.size();
-        for (size_t i = 0; i < n; ++i)
-            effective_[i] = weights_[i] * std::clamp<uint64_t>(ramp(i), 1, kFullRamp);
+        // source_hash never reads them: its fast path stays O(log points).
+        if (kind_ != Balance::SourceHash)
+            for (size_t i = 0; i < weights_.size(); ++i)
+                effective_[i] = weights_[i] * std::clamp<uint64_t>(ramp(i), 1, kFullRamp);
         switch (kind_) {
             case Balance::RoundRobin:
                 return pickRoundRobin(usable);
