@@ -246,18 +246,23 @@ class Backends:
 
 # --------------------------------------------------------------------------- the relays
 
+def read_all(s):
+    """What the peer sends until it closes."""
+    data = b""
+    while True:
+        b = s.recv(65536)
+        if not b:
+            return data
+        data += b
+
+
 def http_get(port, path, timeout=1.0):
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
             s.settimeout(timeout)
             s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
                       .encode())
-            data = b""
-            while True:
-                b = s.recv(65536)
-                if not b:
-                    break
-                data += b
+            data = read_all(s)
         return data.decode(errors="replace")
     except OSError:
         return ""
@@ -372,12 +377,7 @@ backend ss
                 s.settimeout(1.0)
                 s.connect(self.sock)
                 s.sendall(b"show stat\n")
-                data = b""
-                while True:
-                    b = s.recv(65536)
-                    if not b:
-                        break
-                    data += b
+                data = read_all(s)
         except OSError:
             return {}
         rows = data.decode(errors="replace").splitlines()
