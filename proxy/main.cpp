@@ -26,6 +26,7 @@
 #include "signals.hpp"
 #include "takeover.hpp"
 #include "upgrade.hpp"
+#include "version.hpp"
 
 using namespace zcrelay;
 
@@ -278,7 +279,7 @@ int main(int argc, char** argv) {
             std::fputs(usageText().c_str(), stdout);
             return 0;
         case CliAction::Version:
-            std::printf("zcrelay %s\n", ZCRELAY_VERSION);
+            std::printf("zcrelay %s\n", releaseVersion());
             return 0;
         case CliAction::PrintDefaultConfig:
             std::fputs(std::string(defaultConfigYaml()).c_str(), stdout);
@@ -313,7 +314,7 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", ZCRELAY_VERSION, config.workers,
+    LOG_INFO("zcrelay %s, %u worker%s; effective config:\n%s", releaseVersion(), config.workers,
              config.workers == 1 ? "" : "s", renderConfig(config).c_str());
     startedBinary();  // the path SIGUSR2 executes, read before anything can replace the file
     // Before the first thread: grown later, with threads, each growth stalls them all.

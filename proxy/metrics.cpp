@@ -24,6 +24,7 @@
 #include "pump/copy_pump.hpp"
 #include "runtime.hpp"
 #include "units.hpp"
+#include "version.hpp"
 
 // Every row of the metric table needs its case in Reader::read: a missing one fails the build.
 #pragma GCC diagnostic error "-Wswitch"
@@ -582,7 +583,7 @@ class Collector : public prometheus::Collectable {
                 f.add({}, process_->draining.load() ? 1 : 0);
                 return true;
             case Metric::BuildInfo:
-                f.add({ZCRELAY_VERSION, "io_uring", process_->sockmap_loaded ? "loaded" : "off"},
+                f.add({releaseVersion(), "io_uring", process_->sockmap_loaded ? "loaded" : "off"},
                       1);
                 return true;
             case Metric::ConfigGeneration:

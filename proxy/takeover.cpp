@@ -17,6 +17,7 @@
 #include "result.hpp"
 #include "takeover_wire.hpp"
 #include "unix_path.hpp"
+#include "version.hpp"
 
 namespace zcrelay::takeover {
 namespace {
@@ -30,7 +31,7 @@ constexpr int64_t kDoneMs = 10000;
 // left stays with the old relay.
 constexpr int64_t kHandOverMs = 10000;
 
-std::string ourRelease() { return ZCRELAY_VERSION; }
+std::string ourRelease() { return releaseVersion(); }
 
 std::string versionList() {
     std::string out;

@@ -38,6 +38,10 @@ namespace zcrelay::test {
 // cases that way against its own sanitized relay, rather than compiling them all again.
 const char* relayBinaryUnderTest();
 inline const char* const kRelayBinary = relayBinaryUnderTest();
+// The next release of the relay under test: the same sources linked as "<version>-next"
+// (zcrelay-next, beside zcrelay in every tree, a sanitizer tree's too), so that an upgrade test
+// goes from one binary to another that reports a different --version.
+inline std::string nextRelayBinary() { return std::string(kRelayBinary) + "-next"; }
 // Generous: the suite runs cases side by side (ctest -j) beside the sanitizer trees' builds, and
 // a sanitized relay starts in seconds on a loaded machine. A passing case never waits them out.
 inline constexpr Millis kReadyTimeout{60'000};
