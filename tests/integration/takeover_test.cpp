@@ -1,8 +1,9 @@
 // Takeover through the real binary: a new relay takes the running one's listening sockets over
 // (`--takeover` on the config's takeover_socket, or SIGUSR2), starts on them, and only then does
-// the old one stop accepting and drain. The oracle is the client's and the kernel's: under a
-// continuous connection load, long byte-checked transfers and idle connections, no connection
-// is refused or reset, and this case's own network namespace counts no listen drop, overflow or
+// the old one stop accepting and drain; or, under systemd's socket activation, a restart finds
+// the socket systemd holds. Each upgrade goes from binary A to binary B, which reports another
+// --version. The oracle is the client's and the kernel's: under a continuous connection load,
+// long byte-checked transfers and idle connections, no connection is refused or reset, and this case's own network namespace counts no listen drop, overflow or
 // RST (/proc/net/netstat and /proc/net/snmp are per namespace: nothing else runs in it).
 //
 // Accept queues: connections queued on the old relay's sockets at the moment of the hand-over
@@ -35,7 +36,9 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "clock.hpp"
@@ -223,25 +226,94 @@ class TakeoverTest : public ::testing::Test {
 };
 
 // =============================================================================================
-// An upgrade under load, every data path, by --takeover and by SIGUSR2.
+// An upgrade under load, every data path, from binary A to binary B (zcrelay-next: the same code
+// reporting another --version), by each trigger: --takeover, SIGUSR2, and a restart on a
+// listening socket the test holds as systemd holds a .socket unit's.
 
-enum class Trigger { Flag, Sigusr2 };
+enum class Trigger { Flag, Sigusr2, HeldRestart };
 struct UpgradeCase {
     std::string mode;
     Trigger trigger;
 };
 std::string upgradeName(const ::testing::TestParamInfo<UpgradeCase>& info) {
-    return info.param.mode + (info.param.trigger == Trigger::Flag ? "_takeover" : "_sigusr2");
+    switch (info.param.trigger) {
+        case Trigger::Flag:
+            return info.param.mode + "_takeover";
+        case Trigger::Sigusr2:
+            return info.param.mode + "_sigusr2";
+        case Trigger::HeldRestart:
+            return info.param.mode + "_restart";
+    }
+    return info.param.mode;
+}
+
+// Binary A (a copy of the relay under test) and binary B (a copy of its next release), at paths
+// of the case's own: SIGUSR2 runs the file now at the path A was started from, so a case renames
+// B over it, as a package upgrade does.
+struct Releases {
+    std::string a, b;
+    std::string a_version, b_version;  // what each says to --version
+};
+
+::testing::AssertionResult copyReleases(const TempDir& scratch, Releases* out) {
+    out->a = scratch.file("zcrelay");
+    out->b = scratch.file("zcrelay.next");
+    for (const auto& [from, to, version] :
+         {std::tuple{std::string(kRelayBinary), out->a, &out->a_version},
+          std::tuple{nextRelayBinary(), out->b, &out->b_version}}) {
+        CommandResult cp = runCommand({"/bin/cp", from, to});
+        if (!cp.status.cleanExit()) return ::testing::AssertionFailure() << cp.describe();
+        CommandResult said = runCommand({to, "--version"});
+        constexpr std::string_view kPrefix = "zcrelay ";
+        if (!said.status.cleanExit() || said.out.rfind(kPrefix, 0) != 0)
+            return ::testing::AssertionFailure() << to << " --version: " << said.describe();
+        *version = said.out.substr(kPrefix.size(), said.out.find('\n') - kPrefix.size());
+    }
+    if (out->a_version == out->b_version)
+        return ::testing::AssertionFailure() << "both binaries say " << out->a_version;
+    return ::testing::AssertionSuccess();
+}
+
+// `binary ARGS...` in place of the relay under test (bash execs it in place: the same pid). With
+// a `held` listening socket, as systemd starts a service of a .socket unit: the socket as fd 3,
+// LISTEN_FDS=1 and LISTEN_PID the relay's own pid.
+std::vector<std::string> launchAs(const std::string& binary, int held = -1) {
+    std::string script = "exec " + binary + " \"${@:2}\"";
+    if (held >= 0) {
+        const std::string n = std::to_string(held);
+        script = (held == 3 ? "" : "exec 3<&" + n + " " + n + "<&-; ") +
+                 "LISTEN_FDS=1 LISTEN_PID=$$ " + script;
+    }
+    return {"/bin/bash", "-c", script, "sh"};
 }
 
 class UpgradeUnderLoad : public TakeoverTest, public ::testing::WithParamInterface<UpgradeCase> {};
 
 TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
     const UpgradeCase& param = GetParam();
+    const bool restart = param.trigger == Trigger::HeldRestart;
     const int kIdle = kSanitized ? 200 : 1000;
     const int kStreams = kSanitized ? 20 : 100;
+    // A restart drains the old relay before the next one starts (systemd stops, then starts):
+    // shorter streams, so that what arrives meanwhile waits in the queue a second or two.
+    const int kPieces = restart ? 60 : 150;
+    Releases bins;
+    ASSERT_TRUE(copyReleases(scratch_, &bins));
+    const std::string kBuildInfo = metricName(Metric::BuildInfo);
+
+    RelayConfig config = takeoverConfig(up_.hostPort(), param.mode, socket_);
+    Listening held;
+    if (restart) {
+        held = listenLoopback(AF_INET, 1024);
+        ASSERT_TRUE(held.fd) << held.error;
+        config.listeners[0].listen = "127.0.0.1:" + std::to_string(held.port);
+        // Inherited by the relays this case starts (and closed with the case).
+        ASSERT_EQ(::fcntl(held.fd.get(), F_SETFD, 0), 0);
+    }
     RelayProcess old;
-    ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), param.mode, socket_)));
+    old.setLaunchPrefix(launchAs(bins.a, restart ? held.fd.get() : -1));
+    ASSERT_TRUE(old.start(config));
+    EXPECT_EQ(old.metric(kBuildInfo, {{"version", bins.a_version}}), 1.0);
     const std::string host = old.host();
     const uint16_t port = old.port();
 
@@ -251,9 +323,20 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
         ASSERT_TRUE(c.fd) << "idle " << i << ": " << c.error;
         idle.push_back(std::move(c.fd));
     }
+    // Each idle connection: an exchange. How many failed, and the first failure.
+    auto useIdle = [&] {
+        int failed = 0;
+        std::string first;
+        for (Fd& fd : idle) {
+            IoResult r = echoBack(fd.get(), "ping", kIo);
+            if (!r.ok() && failed++ == 0) first = r.describe();
+        }
+        return failed == 0 ? std::string()
+                           : std::to_string(failed) + " failed, the first: " + first;
+    };
     std::vector<std::unique_ptr<PacedStream>> streams;
     for (int i = 0; i < kStreams; ++i)
-        streams.push_back(std::make_unique<PacedStream>(host, port, 0x7A0 + i, 150));
+        streams.push_back(std::make_unique<PacedStream>(host, port, 0x7A0 + i, kPieces));
     ExchangeLoad load(host, port);
     ASSERT_TRUE(load.waitForTotal(200, Millis{30'000})) << load.describeFailures();
     ASSERT_TRUE(waitUntil(
@@ -270,26 +353,54 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
     RelayProcess next;
     pid_t child = 0;
     load.markTrigger();
-    if (param.trigger == Trigger::Flag) {
-        ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
-        EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "taken_over"}}), 1.0);
-    } else {
-        ASSERT_TRUE(old.sendSignal(SIGUSR2));
-        ASSERT_TRUE(waitUntil([&] { return successorPid(old.stderrText()) > 0; }, Millis{10'000}))
-            << old.stderrText();
-        child = successorPid(old.stderrText());
-        // The metrics port is the new process's once it took over.
-        EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "taken_over"}}, 1.0))
-            << old.stderrText();
+    switch (param.trigger) {
+        case Trigger::Flag:
+            next.setLaunchPrefix(launchAs(bins.b));
+            ASSERT_TRUE(next.startWithArgs({"-c", old.configPath(), "--takeover"}));
+            EXPECT_EQ(next.metric(kTakeoversTotal, {{"result", "taken_over"}}), 1.0);
+            break;
+        case Trigger::Sigusr2:
+            ASSERT_EQ(::rename(bins.b.c_str(), bins.a.c_str()), 0);  // the package upgrade
+            ASSERT_TRUE(old.sendSignal(SIGUSR2));
+            ASSERT_TRUE(
+                waitUntil([&] { return successorPid(old.stderrText()) > 0; }, Millis{10'000}))
+                << old.stderrText();
+            child = successorPid(old.stderrText());
+            // The metrics port is the new process's once it took over.
+            EXPECT_TRUE(old.waitForMetric(kTakeoversTotal, {{"result", "taken_over"}}, 1.0))
+                << old.stderrText();
+            break;
+        case Trigger::HeldRestart:
+            // `systemctl restart`: SIGTERM, and the old relay drains. It closes its copy of the
+            // socket without shutdown(), so what arrives meanwhile waits in the queue; its own
+            // connections work on until they end (the idle ones are used, then closed here).
+            // Only once it has exited does the next relay start, on the same socket.
+            ASSERT_TRUE(old.sendSignal(SIGTERM));
+            EXPECT_TRUE(old.waitForLog("no longer accepting"));
+            EXPECT_EQ(useIdle(), "") << "the idle connections, while the old relay drains";
+            idle.clear();
+            for (auto& s : streams) EXPECT_EQ(s->join(), "");
+            if (std::optional<ExitStatus> gone = old.waitExit(Millis{30'000}); gone) {
+                EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+            } else {
+                FAIL() << "the old relay still drains: " << old.stderrText();
+            }
+            next.setLaunchPrefix(launchAs(bins.b, held.fd.get()));
+            ASSERT_TRUE(next.start(config));
+            break;
     }
-    // The old relay stops accepting only now, and says so.
-    EXPECT_TRUE(old.waitForLog("no longer accepting, draining"));
-    // The load goes on: within a second the new relay has served some of it. (After the
-    // hand-over the metrics port is the new relay's, whichever way it was started.)
+    // After a takeover the metrics port is the new relay's, whichever way it was started.
+    const RelayProcess& serving = restart ? next : old;
+    if (!restart) {
+        EXPECT_TRUE(old.waitForLog("no longer accepting, draining"));
+    }
+    // The load goes on: within a second the new relay has served some of it.
     const size_t at_ready = load.total();
-    EXPECT_TRUE(old.waitForMetric(
+    EXPECT_TRUE(serving.waitForMetric(
         metric::kConnectionsTotal, metric::listener(), [](double v) { return v > 0; },
         "the new relay served the load", Millis{1'000}));
+    EXPECT_TRUE(serving.waitForMetric(kBuildInfo, {{"version", bins.b_version}}, 1.0))
+        << "the new relay is binary B";
     EXPECT_TRUE(load.waitForTotal(at_ready + 100, Millis{10'000}));
     load.stop();
     for (auto& s : streams) EXPECT_EQ(s->join(), "");
@@ -298,25 +409,29 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
         << old.stderrText().substr(old.stderrText().size() > 6000 ? old.stderrText().size() - 6000
                                                                   : 0)
         << "\nthe new relay's log:\n"
-        << (param.trigger == Trigger::Flag ? next.stderrText() : std::string("(in the old one's)"));
-    EXPECT_GT(at_ready, before);
+        << (param.trigger == Trigger::Sigusr2 ? std::string("(in the old one's)")
+                                              : next.stderrText());
+    // The old relay served until the new one was ready (a restart's stop serves nothing new).
+    if (!restart) {
+        EXPECT_GT(at_ready, before);
+    }
 
     // The idle connections work on, handed over to the new relay on every path.
-    int idle_failed = 0;
-    std::string first;
-    for (Fd& fd : idle) {
-        IoResult r = echoBack(fd.get(), "ping", kIo);
-        if (!r.ok() && idle_failed++ == 0) first = r.describe();
+    if (!restart) {
+        EXPECT_EQ(useIdle(), "");
     }
-    EXPECT_EQ(idle_failed, 0) << "the first: " << first;
     EXPECT_EQ(refusalsSince(counters), "") << "the kernel refused or reset connections";
     idle.clear();
-    // With its last connection gone, the old relay's drain ends and it exits 0.
-    std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
-    ASSERT_TRUE(gone) << "the old relay still runs: " << old.stderrText();
-    EXPECT_TRUE(gone->cleanExit()) << gone->describe();
-    const std::string log = old.stderrText();
-    EXPECT_NE(log.find("handed over 2 listening sockets"), std::string::npos) << log;
+    if (!restart) {
+        // With its last connection gone, the old relay's drain ends and it exits 0.
+        std::optional<ExitStatus> gone = old.waitExit(Millis{30'000});
+        ASSERT_TRUE(gone) << "the old relay still runs: " << old.stderrText();
+        EXPECT_TRUE(gone->cleanExit()) << gone->describe();
+        const std::string log = old.stderrText();
+        EXPECT_NE(log.find("handed over 2 listening sockets"), std::string::npos) << log;
+        // The old relay names the release that took over.
+        EXPECT_NE(log.find("(zcrelay " + bins.b_version + ")"), std::string::npos) << log;
+    }
     // The new relay serves on.
     EXPECT_EQ(exchange(host, port), "");
     if (param.trigger == Trigger::Sigusr2) {
@@ -331,16 +446,16 @@ TEST_P(UpgradeUnderLoad, RefusesAndResetsNothing) {
 ZCRELAY_LABEL(UpgradeUnderLoad, RefusesAndResetsNothing, "", kCpuBound,
               "1000 idle connections, 100 streams and a connection load through two relays");
 
-INSTANTIATE_TEST_SUITE_P(Paths, UpgradeUnderLoad,
-                         ::testing::Values(UpgradeCase{"splice", Trigger::Flag},
-                                           UpgradeCase{"copy", Trigger::Flag},
-                                           UpgradeCase{"sockmap", Trigger::Flag},
-                                           UpgradeCase{"auto", Trigger::Flag},
-                                           UpgradeCase{"splice", Trigger::Sigusr2},
-                                           UpgradeCase{"copy", Trigger::Sigusr2},
-                                           UpgradeCase{"sockmap", Trigger::Sigusr2},
-                                           UpgradeCase{"auto", Trigger::Sigusr2}),
-                         upgradeName);
+INSTANTIATE_TEST_SUITE_P(
+    Paths, UpgradeUnderLoad,
+    ::testing::Values(
+        UpgradeCase{"splice", Trigger::Flag}, UpgradeCase{"copy", Trigger::Flag},
+        UpgradeCase{"sockmap", Trigger::Flag}, UpgradeCase{"auto", Trigger::Flag},
+        UpgradeCase{"splice", Trigger::Sigusr2}, UpgradeCase{"copy", Trigger::Sigusr2},
+        UpgradeCase{"sockmap", Trigger::Sigusr2}, UpgradeCase{"auto", Trigger::Sigusr2},
+        UpgradeCase{"splice", Trigger::HeldRestart}, UpgradeCase{"copy", Trigger::HeldRestart},
+        UpgradeCase{"sockmap", Trigger::HeldRestart}, UpgradeCase{"auto", Trigger::HeldRestart}),
+    upgradeName);
 
 // =============================================================================================
 // Accept queues: 200 connections queued at the hand-over.
@@ -715,15 +830,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, PrivilegedTakeover, ::testing::Values("splice", 
 // must be the new file. The test starts the relay from a copy, renames a second copy over it,
 // and compares the new process's /proc/PID/exe with the file now at the path.
 TEST_F(TakeoverTest, Sigusr2RunsTheBinaryNowOnDisk) {
-    const std::string bin = scratch_.file("zcrelay");
-    const std::string upgrade = scratch_.file("zcrelay.new");
-    for (const std::string& to : {bin, upgrade}) {
-        CommandResult cp = runCommand({"/bin/cp", kRelayBinary, to});
-        ASSERT_TRUE(cp.status.cleanExit()) << cp.describe();
-    }
+    Releases bins;
+    ASSERT_TRUE(copyReleases(scratch_, &bins));
+    const std::string& bin = bins.a;
+    const std::string& upgrade = bins.b;
     RelayProcess old;
-    // bash execs the copy in place (the same pid), with the usual binary's arguments.
-    old.setLaunchPrefix({"/bin/bash", "-c", "exec " + bin + " \"${@:2}\"", "sh"});
+    old.setLaunchPrefix(launchAs(bin));
     ASSERT_TRUE(old.start(takeoverConfig(up_.hostPort(), "splice", socket_)));
     struct stat first {};
     ASSERT_EQ(::stat(bin.c_str(), &first), 0);
