@@ -1,6 +1,7 @@
 #include "connections.hpp"
 
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -73,6 +74,13 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             break;
         case Op::ConnectTimeout:
             break;  // the connect's own CQE says -ECANCELED if this fired
+        case Op::QueueWatch:
+            // Still in the queue (not out of it, its watch cancelled): the client reset.
+            if (c.state == ConnState::Connecting && c.queued_until_ms != 0 && cqe->res > 0) {
+                c.queued_until_ms = 0;
+                closeConn(c, ud.slot, CloseReason::ClientReset);
+            }
+            break;
         case Op::ProxyRead:
             if (c.state == ConnState::ReadingProxy && cqe->res >= 0)
                 onProxyRead(c, ud.slot, cqe->res);
@@ -305,13 +313,22 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
             const ClusterConfig& cc = clusterOf(c).config;
             if (c.queued_until_ms == 0) {
                 size_t waiting = 0;
-                for (uint64_t packed : queued_)
-                    if (conn(UserData::unpack(packed).slot).cluster == c.cluster) ++waiting;
+                for (uint64_t packed : queued_) {
+                    const UserData q = UserData::unpack(packed);
+                    if (waitsInQueue(q) && conn(q.slot).cluster == c.cluster) ++waiting;
+                }
                 if (waiting >= cc.queue_size) {
                     closeConn(c, slot, CloseReason::QueueFull);
                     return;
                 }
                 c.queued_until_ms = now_ms_ + cc.queue_timeout.count();
+                // Waiting here it has no upstream socket, so nothing else watches the client:
+                // one that resets leaves the queue at once, instead of taking a place (and a
+                // backend connection: for PostgreSQL, a forked backend) only to close then.
+                // A FIN alone is no abort, as with HAProxy's abortonclose off: a client may
+                // half-close after its request and still wait for the answer.
+                io_uring_prep_poll_add(connSqe(ring_, c, slot, Op::QueueWatch), c.fd[0],
+                                       POLLERR | POLLHUP);
             }
             queued_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
             return;
@@ -324,10 +341,8 @@ void Connections::retryQueued() {
     queued_retry_.swap(queued_);
     for (uint64_t packed : queued_retry_) {
         const UserData ud = UserData::unpack(packed);
+        if (!waitsInQueue(ud)) continue;
         Conn& c = conn(ud.slot);
-        if (c.generation != ud.generation || c.state != ConnState::Connecting ||
-            c.queued_until_ms == 0)
-            continue;
         if (now_ms_ >= c.queued_until_ms) {
             c.queued_until_ms = 0;
             closeConn(c, ud.slot, CloseReason::QueueTimeout);
@@ -337,7 +352,11 @@ void Connections::retryQueued() {
         // after `timeout queue`.
         c.connect_deadline_us = monotonicUs() + listenerConfig(c).connect_timeout.count() * 1000;
         const ConnectStep step = upstream_.connect(ring_, c, ud.slot);
-        if (step.kind != ConnectStep::Queue) c.queued_until_ms = 0;
+        if (step.kind != ConnectStep::Queue) {
+            // Out of the queue: its watch ends (a close would cancel it with the fd anyway).
+            c.queued_until_ms = 0;
+            ring_.cancelRequest(UserData{Op::QueueWatch, 0, ud.slot, c.generation}.pack());
+        }
         onConnectStep(c, ud.slot, step);  // Queue: back in line, behind the older ones
     }
 }

@@ -85,6 +85,13 @@ class Connections final : public Acceptor::Host {
     // A free slot (Free); UINT32_MAX when the slot space is exhausted.
     uint32_t allocConn();
     Conn& conn(uint32_t slot) { return chunks_[slot / kChunk][slot % kChunk]; }
+    // Whether the cluster queue's entry `ud` still waits: not closed, not connecting since, the
+    // slot not reused.
+    bool waitsInQueue(UserData ud) {
+        const Conn& c = conn(ud.slot);
+        return c.generation == ud.generation && c.state == ConnState::Connecting &&
+               c.queued_until_ms != 0;
+    }
     ListenerStats& lstats(const Conn& c) { return listenerStats(c, id_); }
     // An admitted connection's next step: its PROXY header, or its backend.
     void serve(Conn& c, uint32_t slot) override;

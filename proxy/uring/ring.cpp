@@ -91,6 +91,12 @@ io_uring_sqe* Ring::prepCancel(int fd) {
 
 void Ring::cancel(int fd) { prepCancel(fd); }
 
+void Ring::cancelRequest(uint64_t user_data) {
+    io_uring_sqe* s = sqe();
+    io_uring_prep_cancel64(s, user_data, 0);
+    io_uring_sqe_set_data64(s, UserData{}.pack());
+}
+
 void Ring::cancelAndClose(int fd) {
     io_uring_sqe* s = prepCancel(fd);
 #ifdef ZCRELAY_TSAN

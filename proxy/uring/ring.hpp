@@ -40,6 +40,9 @@ class Ring {
     void cancelAndClose(int fd);
     // Cancels every request armed on `fd` and leaves it open. The CQE carries UserData{}.
     void cancel(int fd);
+    // Cancels the one request tagged `user_data` (its own CQE then says -ECANCELED, unless it
+    // completed first). The cancel's CQE carries UserData{}.
+    void cancelRequest(uint64_t user_data);
     // Closes `fd` on the ring, for a socket nothing is armed on: no cancel to match (the cancel
     // walks every request in flight on the ring). The CQE carries UserData{}.
     void close(int fd);

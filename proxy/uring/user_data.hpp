@@ -37,10 +37,11 @@ enum class Op : uint8_t {
     Check,           // health check I/O: connect, send or recv (slot = check index)
     CheckTimeout,    // the linked timeout bounding a check's I/O
     CheckTimer,      // the wait until a backend's next check
+    QueueWatch,      // POLLERR|POLLHUP on a client waiting in its cluster's queue: a reset
 };
 
-// CheckTimer is the last Op: one added after it moves this check.
-static_assert(static_cast<uint8_t>(Op::CheckTimer) < 32, "Op has 5 bits in user_data");
+// QueueWatch is the last Op: one added after it moves this check.
+static_assert(static_cast<uint8_t>(Op::QueueWatch) < 32, "Op has 5 bits in user_data");
 
 struct UserData {
     Op op = Op::Ignore;

@@ -526,5 +526,54 @@ TEST_P(FailoverTest, MaxConnectionsQueuesTheExcessAndRefusesPastTheQueue) {
     EXPECT_EQ(timed_out + at_once, 180);
 }
 
+// A client that resets while it waits in the queue leaves it at once (closed as client_reset),
+// and never reaches a backend. One backend with max_connections 1 and a 10 s queue: A holds the
+// place, B waits and resets, C waits; when A leaves, C is served. Unwatched, B would sit in the
+// queue until A left, then take the place and open a backend connection only to close it (for
+// PostgreSQL, a forked backend).
+TEST(FailoverQueue, AClientThatResetsWhileQueuedLeavesTheQueueAndNeverReachesTheBackend) {
+    OpenCount count;
+    ScriptedUpstream up(AF_INET, countingEcho(count));
+    ASSERT_TRUE(up.ok()) << up.error();
+    RelayProcess relay;
+    RelayConfig config;
+    config.workers = 1;  // one worker: one queue
+    ListenerSpec l;
+    l.cluster = "db";
+    config.listeners.push_back(l);
+    config.extra_yaml =
+        "clusters:\n  - name: db\n    queue_timeout: 10s\n    queue_size: 1\n    backends:\n"
+        "      - {address: \"" +
+        up.hostPort() + "\", max_connections: 1}\n";
+    ASSERT_TRUE(relay.start(config)) << relay.diagnostics();
+    // One byte each way: served (echoed), or not yet.
+    auto send = [](Connected& c, char byte) {
+        return writeAll(c.fd.get(), &byte, 1, Millis{2'000}).ok();
+    };
+    auto echoed = [](Connected& c, char byte, Millis wait) {
+        char got = 0;
+        return readExactly(c.fd.get(), &got, 1, wait).ok() && got == byte;
+    };
+    Connected a = connectTo(relay.host(), relay.port());
+    ASSERT_TRUE(a.fd && send(a, 'a') && echoed(a, 'a', Millis{5'000})) << "A is served";
+    Connected b = connectTo(relay.host(), relay.port());
+    ASSERT_TRUE(b.fd && send(b, 'b'));
+    // Accepted is queued: the backend's one place is A's.
+    ASSERT_TRUE(relay.waitForMetric(metric::kConnectionsTotal, metric::listener(), 2));
+    EXPECT_FALSE(echoed(b, 'b', Millis{200})) << "B waits in the queue";
+    closeWithReset(b.fd);
+    EXPECT_TRUE(
+        relay.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1, Millis{5'000}))
+        << "B left the queue while A still held the place";
+    // The queue (of 1) has room again: C waits in it, and is served once A leaves.
+    Connected c = connectTo(relay.host(), relay.port());
+    ASSERT_TRUE(c.fd && send(c, 'c'));
+    ASSERT_TRUE(relay.waitForMetric(metric::kConnectionsTotal, metric::listener(), 3));
+    a.fd.reset();
+    EXPECT_TRUE(echoed(c, 'c', Millis{5'000})) << "C is served after A";
+    EXPECT_EQ(up.accepted(), 2u) << "the backend saw A and C, never B";
+    EXPECT_EQ(relay.metric(metric::kClosedTotal, metric::reason("queue_full")).value_or(0), 0);
+}
+
 }  // namespace
 }  // namespace zcrelay::test::failover_test
