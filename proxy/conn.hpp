@@ -36,7 +36,7 @@
 //               timeout; a failure tries another backend (retries) within connect_timeout.
 //               Or, every backend that may take it being at its max_connections, it waits in
 //               the worker's queue for a place (no upstream socket yet), up to queue_timeout
-//               (upstream.hpp).
+//               (upstream.hpp); a client that resets meanwhile is closed at once (QueueWatch).
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
