@@ -103,6 +103,7 @@ void Ring::cancelAndClose(int fd) {
     // TSan cannot see a close io_uring does: the fd number, reused by another thread's open,
     // looks like a race on it (every report of the TSan run was one). So the cancel is issued
     // now, while the fd still names the socket, and the close is the intercepted one.
+    (void)s;
     submit();
     ::close(fd);
 #else
