@@ -75,8 +75,10 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
         case Op::ConnectTimeout:
             break;  // the connect's own CQE says -ECANCELED if this fired
         case Op::QueueWatch:
-            // Still in the queue (not out of it, its watch cancelled): the client reset.
-            if (c.state == ConnState::Connecting && c.queued_until_ms != 0 && cqe->res > 0) {
+            // Still in the queue (not out of it, its watch cancelled), and a reset, not the
+            // FIN every poll reports.
+            if (c.state == ConnState::Connecting && c.queued_until_ms != 0 && cqe->res > 0 &&
+                (cqe->res & (POLLERR | POLLHUP))) {
                 c.queued_until_ms = 0;
                 closeConn(c, ud.slot, CloseReason::ClientReset);
             }
@@ -326,9 +328,12 @@ void Connections::onConnectStep(Conn& c, uint32_t slot, ConnectStep step) {
                 // one that resets leaves the queue at once, instead of taking a place (and a
                 // backend connection: for PostgreSQL, a forked backend) only to close then.
                 // A FIN alone is no abort, as with HAProxy's abortonclose off: a client may
-                // half-close after its request and still wait for the answer.
-                io_uring_prep_poll_add(connSqe(ring_, c, slot, Op::QueueWatch), c.fd[0],
-                                       POLLERR | POLLHUP);
+                // half-close after its request and still wait for the answer. io_uring reports
+                // a FIN to every poll whatever it asks (proxy/kernel.md), so a one-shot poll
+                // would end there and could not be armed again; a multishot one reports the
+                // FIN once and stays for the reset.
+                io_uring_prep_poll_multishot(connSqe(ring_, c, slot, Op::QueueWatch), c.fd[0],
+                                             POLLERR | POLLHUP);
             }
             queued_.push_back(UserData{Op::Connect, 0, slot, c.generation}.pack());
             return;

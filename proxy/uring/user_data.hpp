@@ -37,7 +37,7 @@ enum class Op : uint8_t {
     Check,           // health check I/O: connect, send or recv (slot = check index)
     CheckTimeout,    // the linked timeout bounding a check's I/O
     CheckTimer,      // the wait until a backend's next check
-    QueueWatch,      // POLLERR|POLLHUP on a client waiting in its cluster's queue: a reset
+    QueueWatch,      // multishot POLLERR|POLLHUP on a client waiting in its cluster's queue
 };
 
 // QueueWatch is the last Op: one added after it moves this check.

@@ -528,7 +528,7 @@ TEST_P(FailoverTest, MaxConnectionsQueuesTheExcessAndRefusesPastTheQueue) {
 
 // A client that resets while it waits in the queue leaves it at once (closed as client_reset),
 // and never reaches a backend. One backend with max_connections 1 and a 10 s queue: A holds the
-// place, B waits and resets, C waits; when A leaves, C is served. Unwatched, B would sit in the
+// place, B waits and resets, C waits half-closed; when A leaves, C is served. Unwatched, B would sit in the
 // queue until A left, then take the place and open a backend connection only to close it (for
 // PostgreSQL, a forked backend).
 TEST(FailoverQueue, AClientThatResetsWhileQueuedLeavesTheQueueAndNeverReachesTheBackend) {
@@ -565,12 +565,15 @@ TEST(FailoverQueue, AClientThatResetsWhileQueuedLeavesTheQueueAndNeverReachesThe
     EXPECT_TRUE(
         relay.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1, Millis{5'000}))
         << "B left the queue while A still held the place";
-    // The queue (of 1) has room again: C waits in it, and is served once A leaves.
+    // The queue (of 1) has room again: C waits in it, half-closed after its byte (a FIN is no
+    // abort: it waits for its answer), and is served once A leaves.
     Connected c = connectTo(relay.host(), relay.port());
     ASSERT_TRUE(c.fd && send(c, 'c'));
+    ASSERT_EQ(::shutdown(c.fd.get(), SHUT_WR), 0);
     ASSERT_TRUE(relay.waitForMetric(metric::kConnectionsTotal, metric::listener(), 3));
     a.fd.reset();
-    EXPECT_TRUE(echoed(c, 'c', Millis{5'000})) << "C is served after A";
+    EXPECT_TRUE(echoed(c, 'c', Millis{5'000})) << "C is served after A\n"
+                                               << relay.scrape().value_or("");
     EXPECT_EQ(up.accepted(), 2u) << "the backend saw A and C, never B";
     EXPECT_EQ(relay.metric(metric::kClosedTotal, metric::reason("queue_full")).value_or(0), 0);
 }
