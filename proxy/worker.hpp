@@ -100,6 +100,11 @@ class Worker {
     void applyReload();
     void armTick();
     void onTick();
+    // While clients wait in a cluster's queue: a timer of its own, every 10 ms, so that a place
+    // another worker freed is taken within that and queue_timeout holds to it, while the sweep
+    // over every connection keeps the usual tick.
+    void armQueueTick();
+    void onQueueTick();
     void restoreEjected();
 
     const unsigned id_;
@@ -143,7 +148,8 @@ class Worker {
     std::unique_ptr<Connections> conns_;  // the slot table and the connections' lifecycle
     uint64_t wake_value_ = 0;
     __kernel_timespec tick_{};
-    __kernel_timespec queued_tick_{0, 10'000'000};  // the tick while clients wait in the queue
+    __kernel_timespec queued_tick_{0, 10'000'000};  // the queue's tick (armQueueTick)
+    bool queue_tick_armed_ = false;
     int64_t now_ms_ = 0;
     int64_t tick_ms_ = 100;
     bool draining_ = false;
