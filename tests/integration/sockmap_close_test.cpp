@@ -140,85 +140,60 @@ TEST_F(SockmapTest, UpstreamResetMidStreamResetsClientPromptly) {
     expectNoFallbacks();
 }
 
-TEST_F(SockmapTest, ClientResetMidStreamResetsUpstreamPromptly) {
-    constexpr uint64_t kEndless = 1024 * kMiB;
-    ScriptedUpstream up(
-        AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream&) {
-            if (!answerPing(fd, rec, stop)) return;
-            rec.write_end = sendPayload(fd.get(), kSeedB, kEndless, kBulkDeadline, &stop);
-            rec.bytes_sent = rec.write_end.bytes;
-            rec.ended_at = Clock::now();
-        });
-    ASSERT_NO_FATAL_FAILURE(startRelay(up));
-    Connected client = connectClient();
-    ASSERT_TRUE(client.fd) << client.error;
-    ASSERT_TRUE(pingPong(client.fd.get()));
+// The client resets while the upstream's endless stream flows to it through the kernel: the
+// upstream must see the reset promptly, counted as client_reset. Half-closed first, the client's
+// socket is a finished source, which the relay no longer reads, and a poll on it reports the FIN
+// it already read at once (proxy/kernel.md, "A poll always reports a FIN"): the reset must still
+// get through.
+class ClientReset : public SockmapTest {
+  protected:
+    void resetsUpstreamPromptly(bool half_closed_first) {
+        constexpr uint64_t kEndless = 1024 * kMiB;
+        ScriptedUpstream up(
+            AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream&) {
+                if (!answerPing(fd, rec, stop)) return;
+                rec.write_end = sendPayload(fd.get(), kSeedB, kEndless, kBulkDeadline, &stop);
+                rec.bytes_sent = rec.write_end.bytes;
+                rec.ended_at = Clock::now();
+            });
+        ASSERT_NO_FATAL_FAILURE(startRelay(up));
+        Connected client = connectClient();
+        ASSERT_TRUE(client.fd) << client.error;
+        ASSERT_TRUE(pingPong(client.fd.get()));
+        if (half_closed_first) {
+            ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
+        }
 
-    std::vector<uint8_t> buf(kMiB);
-    IoResult r = readExactly(client.fd.get(), buf.data(), buf.size(), Millis{10'000});
-    ASSERT_TRUE(r.ok()) << "the first MiB of the upstream's stream: " << r.describe();
-    PayloadVerifier v(kSeedB);
-    v.update(buf);
-    EXPECT_TRUE(v.intact()) << "first mismatch at " << v.firstMismatch();
-
-    auto t0 = Clock::now();
-    closeWithReset(client.fd);
-    ASSERT_TRUE(up.waitForFinished(1, kPrompt + Millis{5'000}))
-        << "the upstream was still sending 15 s after the client's RST";
-    ConnRecord rec = up.records().at(0);
-    EXPECT_EQ(rec.write_end.status, IoStatus::Reset)
-        << "the upstream's send must fail with a reset: " << rec.describe();
-    EXPECT_LT(std::chrono::duration<double>(rec.ended_at - t0).count(),
-              std::chrono::duration<double>(kPrompt).count())
-        << "the upstream must see the reset promptly after the client's RST";
-
-    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1));
-    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
-    EXPECT_TRUE(relay_.waitForMetric(metric::kSockmapSockets, {}, 0));
-    EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("error")), 0.0);
-    expectNoFallbacks();
-}
-
-// The client half-closes, then resets while the upstream's stream still flows to it through
-// the kernel: its socket is a finished source then, which the relay no longer reads, and a
-// poll on it reports the FIN it already read at once (proxy/kernel.md, "A poll always reports
-// a FIN"). The reset must still reach the upstream promptly, counted as client_reset.
-TEST_F(SockmapTest, HalfClosedClientResetMidStreamResetsUpstreamPromptly) {
-    constexpr uint64_t kEndless = 1024 * kMiB;
-    ScriptedUpstream up(
-        AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop, ScriptedUpstream&) {
-            if (!answerPing(fd, rec, stop)) return;
-            rec.write_end = sendPayload(fd.get(), kSeedB, kEndless, kBulkDeadline, &stop);
-            rec.bytes_sent = rec.write_end.bytes;
-            rec.ended_at = Clock::now();
-        });
-    ASSERT_NO_FATAL_FAILURE(startRelay(up));
-    Connected client = connectClient();
-    ASSERT_TRUE(client.fd) << client.error;
-    ASSERT_TRUE(pingPong(client.fd.get()));
-    ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
-
-    std::vector<uint8_t> buf(kMiB);
-    for (int i = 0; i < 4; ++i) {
+        std::vector<uint8_t> buf(kMiB);
         IoResult r = readExactly(client.fd.get(), buf.data(), buf.size(), Millis{10'000});
-        ASSERT_TRUE(r.ok()) << "MiB " << i << " of the upstream's stream: " << r.describe();
+        ASSERT_TRUE(r.ok()) << "the first MiB of the upstream's stream: " << r.describe();
+        PayloadVerifier v(kSeedB);
+        v.update(buf);
+        EXPECT_TRUE(v.intact()) << "first mismatch at " << v.firstMismatch();
+
+        auto t0 = Clock::now();
+        closeWithReset(client.fd);
+        ASSERT_TRUE(up.waitForFinished(1, kPrompt + Millis{5'000}))
+            << "the upstream was still sending 15 s after the client's RST";
+        ConnRecord rec = up.records().at(0);
+        EXPECT_EQ(rec.write_end.status, IoStatus::Reset)
+            << "the upstream's send must fail with a reset: " << rec.describe();
+        EXPECT_LT(std::chrono::duration<double>(rec.ended_at - t0).count(),
+                  std::chrono::duration<double>(kPrompt).count())
+            << "the upstream must see the reset promptly after the client's RST";
+
+        EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1))
+            << relay_.scrape().value_or("");
+        EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
+        EXPECT_TRUE(relay_.waitForMetric(metric::kSockmapSockets, {}, 0));
+        EXPECT_EQ(relay_.metric(metric::kClosedTotal, metric::reason("error")), 0.0);
+        expectNoFallbacks();
     }
-    auto t0 = Clock::now();
-    closeWithReset(client.fd);
-    ASSERT_TRUE(up.waitForFinished(1, kPrompt + Millis{5'000}))
-        << "the upstream was still sending 15 s after the client's RST";
-    ConnRecord rec = up.records().at(0);
-    EXPECT_EQ(rec.write_end.status, IoStatus::Reset)
-        << "the upstream's send must fail with a reset: " << rec.describe();
-    EXPECT_LT(std::chrono::duration<double>(rec.ended_at - t0).count(),
-              std::chrono::duration<double>(kPrompt).count())
-        << "the upstream must see the reset promptly after the client's RST";
-    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1))
-        << relay_.scrape().value_or("");
-    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
-    EXPECT_TRUE(relay_.waitForMetric(metric::kSockmapSockets, {}, 0));
-    expectNoFallbacks();
-}
+};
+
+TEST_F(ClientReset, MidStreamResetsUpstreamPromptly) { resetsUpstreamPromptly(false); }
+
+TEST_F(ClientReset, HalfClosedThenMidStreamResetsUpstreamPromptly) { resetsUpstreamPromptly(true); }
 
 // =============================================================================================
 // Half-close both ways: one direction's FIN, the other keeps flowing through the kernel. The FIN
