@@ -40,7 +40,8 @@
 //   Relaying    each direction moves bytes on its own: src readable -> pump -> dst. A FIN read on
 //               src becomes shutdown(dst, SHUT_WR) once everything read before it was written,
 //               and the other direction keeps flowing: one direction never ends the other.
-//               An RST or error on either socket ends both (the survivor is reset too).
+//               An RST or error on either socket ends both (the survivor is reset too), a
+//               finished side's too, which is watched for it (FinishedWatch).
 //   HandingOver after a takeover (handover.hpp): its pumps' waits are cancelled, and once every
 //               SQE of it has completed its sockets and pipes go to the next relay, and it
 //               closes here as handed_over (or, the send failed, relays on here).

@@ -74,6 +74,12 @@ void Connections::onCompletion(UserData ud, const io_uring_cqe* cqe) {
             break;
         case Op::ConnectTimeout:
             break;  // the connect's own CQE says -ECANCELED if this fired
+        case Op::FinishedWatch:
+            // A finished side's peer reset (in CLOSE_WAIT the kernel says EPIPE). The FIN every
+            // poll reports, and a POLLHUP alone once both ways are shut, are nothing.
+            if (c.state == ConnState::Relaying && cqe->res > 0 && (cqe->res & POLLERR))
+                closeConn(c, ud.slot, resetReason(ud.dir, true));
+            break;
         case Op::QueueWatch:
             // Still in the queue (not out of it, its watch cancelled), and a reset, not the
             // FIN every poll reports.
@@ -513,10 +519,21 @@ void Connections::finishDirection(Conn& c, uint32_t slot, int d) {
     if (!c.bothFinished()) {
         lstats(c).half_closed.add();  // one way done, the other still flowing
         acknowledgeNow(c.fd[d]);     // its FIN: the peer must not wait for the other's
+        watchFinished(c, slot, d);
         return;
     }
     lstats(c).half_closed.sub();
     closeConn(c, slot, CloseReason::Done);
+}
+
+void Connections::watchFinished(Conn& c, uint32_t slot, int d) {
+    // Its source is read no more, and written only when the other direction has bytes for it:
+    // while that side is silent (a long query behind the client's FIN), nothing else would see
+    // this peer reset, and the connection would hold the other peer until a fin or idle timeout.
+    // Multishot: a one-shot poll would end at once on the FIN it already read (proxy/kernel.md,
+    // "A poll always reports a FIN"); this one reports that FIN once and stays for the reset.
+    io_uring_prep_poll_multishot(connSqe(ring_, c, slot, Op::FinishedWatch, d), c.fd[d],
+                                 POLLERR | POLLHUP);
 }
 
 void Connections::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) {

@@ -130,6 +130,8 @@ class Connections final : public Acceptor::Host {
     // the path table can now, and starts the pumps it replaced.
     void promoteToSockmap(Conn& c, uint32_t slot);
     void finishDirection(Conn& c, uint32_t slot, int d);
+    // Direction d finished while the other flows: its source's peer is watched for a reset.
+    void watchFinished(Conn& c, uint32_t slot, int d);
     void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
     // Relaying: the half-close timeouts and max_connection_duration; true if c was closed.
     bool lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l);

@@ -38,10 +38,11 @@ enum class Op : uint8_t {
     CheckTimeout,    // the linked timeout bounding a check's I/O
     CheckTimer,      // the wait until a backend's next check
     QueueWatch,      // multishot POLLERR|POLLHUP on a client waiting in its cluster's queue
+    FinishedWatch,   // multishot POLLERR|POLLHUP on a finished direction's source (its peer's RST)
 };
 
-// QueueWatch is the last Op: one added after it moves this check.
-static_assert(static_cast<uint8_t>(Op::QueueWatch) < 32, "Op has 5 bits in user_data");
+// FinishedWatch is the last Op: one added after it moves this check.
+static_assert(static_cast<uint8_t>(Op::FinishedWatch) < 32, "Op has 5 bits in user_data");
 
 struct UserData {
     Op op = Op::Ignore;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -260,6 +261,37 @@ TEST_P(ResetTest, UpstreamResetMidStreamClosesClientPromptlyAndCountsUpstreamRes
     EXPECT_LT(elapsed, 10.0) << "client must see the close promptly after the upstream's RST";
 
     EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("upstream_reset"), 1));
+    EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
+}
+
+// A client that half-closes, then resets while the upstream is silent (a long query): the
+// relay reads nothing more from the client and writes nothing to it, so only a watch on the
+// finished side sees the reset. It must end the connection promptly and reset the upstream,
+// not hold the backend's session until a fin or idle timeout.
+TEST_P(ResetTest, AHalfClosedClientsResetEndsTheConnectionPromptly) {
+    ScriptedUpstream up(AF_INET, [](Fd& fd, ConnRecord& rec, const std::atomic<bool>& stop,
+                                    ScriptedUpstream& self) {
+        readToEof(fd, rec, stop, self, Millis{10'000});
+        // Silent until the relay ends the connection (bounded).
+        for (int i = 0; i < 150 && !stop.load(); ++i) {
+            pollfd p{fd.get(), POLLHUP | POLLERR, 0};
+            if (::poll(&p, 1, 100) > 0) break;
+        }
+        rec.ended_at = Clock::now();
+    });
+    ASSERT_NO_FATAL_FAILURE(startRelay(up, mode()));
+    Connected client = connectClient();
+    ASSERT_TRUE(client.fd) << client.error;
+    ASSERT_TRUE(writeAll(client.fd.get(), "query", 5, Millis{5'000}).ok());
+    ASSERT_EQ(::shutdown(client.fd.get(), SHUT_WR), 0);
+    ASSERT_TRUE(waitUntil([&] { return up.liveBytesReceived() == 5; }, Millis{10'000}))
+        << "the upstream got the query";
+    // Its FIN too, well before the reset.
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    closeWithReset(client.fd);
+    EXPECT_TRUE(relay_.waitForMetric(metric::kClosedTotal, metric::reason("client_reset"), 1,
+                                     Millis{10'000}))
+        << relay_.scrape().value_or("");
     EXPECT_TRUE(relay_.waitForMetric(metric::kConnectionsActive, metric::listener(), 0));
 }
 
