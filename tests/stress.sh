@@ -27,7 +27,8 @@
 #   LargeHelloTest                a sockmap answer stalled once under ASan
 #   UpgradeUnderLoad|AcceptQueue  a cancelled accept kept the wakeup of its client (bb65e46);
 #                                 the old relay's share of a queue varies with timing
-#   Handover                      a scrape after the ready line reached the old relay (4885ffa)
+#   Handover                      a scrape after the ready line reached the old relay (4885ffa);
+#                                 'taken' read before the workers counted it (9998d31)
 #   FailoverTest|Checks|SlowStart checks at 100 ms against closes and ramps; none seen racing
 #                                 (176 runs 8-wide under ASan), here because they are timing
 set -euo pipefail
