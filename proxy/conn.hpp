@@ -107,6 +107,7 @@ struct Conn {
     bool lowat = false;                // SO_RCVLOWAT on the client raised (inspecting)
     bool rested = false;               // HandingOver on sockmap: at rest, waiting for its ring
     bool holding = false;              // holds a place under its backend's max_connections
+    bool watching_finished = false;    // half-closed: its finished side's reset is watched for
     Generation* gen = nullptr;         // the config generation it was accepted under
     uint64_t tried = 0;                // backends tried (bit i % 64)
     int64_t accepted_us = 0;           // wall clock at accept (access log)

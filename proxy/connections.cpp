@@ -518,22 +518,23 @@ void Connections::finishDirection(Conn& c, uint32_t slot, int d) {
     }
     if (!c.bothFinished()) {
         lstats(c).half_closed.add();  // one way done, the other still flowing
-        acknowledgeNow(c.fd[d]);     // its FIN: the peer must not wait for the other's
-        watchFinished(c, slot, d);
+        acknowledgeNow(c.fd[d]);      // its FIN: the peer must not wait for the other's
         return;
     }
     lstats(c).half_closed.sub();
     closeConn(c, slot, CloseReason::Done);
 }
 
-void Connections::watchFinished(Conn& c, uint32_t slot, int d) {
+void Connections::watchFinished(Conn& c, uint32_t slot) {
     // Its source is read no more, and written only when the other direction has bytes for it:
     // while that side is silent (a long query behind the client's FIN), nothing else would see
     // this peer reset, and the connection would hold the other peer until a fin or idle timeout.
     // Multishot: a one-shot poll would end at once on the FIN it already read (proxy/kernel.md,
     // "A poll always reports a FIN"); this one reports that FIN once and stays for the reset.
+    const int d = c.dir[0].finished ? 0 : 1;
     io_uring_prep_poll_multishot(connSqe(ring_, c, slot, Op::FinishedWatch, d), c.fd[d],
                                  POLLERR | POLLHUP);
+    c.watching_finished = true;
 }
 
 void Connections::failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err) {

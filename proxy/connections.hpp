@@ -130,8 +130,9 @@ class Connections final : public Acceptor::Host {
     // the path table can now, and starts the pumps it replaced.
     void promoteToSockmap(Conn& c, uint32_t slot);
     void finishDirection(Conn& c, uint32_t slot, int d);
-    // Direction d finished while the other flows: its source's peer is watched for a reset.
-    void watchFinished(Conn& c, uint32_t slot, int d);
+    // Half-closed (one direction finished, the other flowing): the finished source's peer is
+    // watched for a reset. Armed by the sweep, not at the FIN (connections_sweep.cpp).
+    void watchFinished(Conn& c, uint32_t slot);
     void failDirection(Conn& c, uint32_t slot, int d, bool on_src, int err);
     // Relaying: the half-close timeouts and max_connection_duration; true if c was closed.
     bool lifetimeSweep(Conn& c, uint32_t slot, const ListenerConfig& l);

@@ -105,7 +105,8 @@ void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
                                                         : Op::Recv;
             for (Op op : {read, Op::Watch, Op::PollOut, Op::FinishedWatch}) {
                 if (path != DataPath::Splice && op == Op::PollOut) continue;  // a send goes on
-                if (op == Op::FinishedWatch && !c.dir[d].finished) continue;
+                if (op == Op::FinishedWatch && !(c.watching_finished && c.dir[d].finished))
+                    continue;
                 io_uring_sqe* sqe = ring_.sqe();
                 io_uring_prep_cancel64(sqe, UserData{op, d, slot, c.generation}.pack(), 0);
                 io_uring_sqe_set_data64(sqe, UserData{}.pack());
@@ -411,10 +412,8 @@ void Connections::adopt(handover::HandedConn& h) {
         }
         c.dir[d].finished = h.dir[d].finished;
     }
-    if (c.dir[0].finished != c.dir[1].finished) {
-        lstats(c).half_closed.add();
-        watchFinished(c, slot, c.dir[0].finished ? 0 : 1);
-    }
+    // Half-closed, its finished side is watched again from the next sweep (watchFinished).
+    if (c.dir[0].finished != c.dir[1].finished) lstats(c).half_closed.add();
     // mode auto: a connection that crossed on splice is watched for promotion here too.
     const ListenerConfig& lc = listenerConfig(c);
     paths_.watchAdopted(c.paths, lc.mode,

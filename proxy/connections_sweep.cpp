@@ -52,6 +52,11 @@ void Connections::sweep(bool drain_deadline, int64_t tick_ms) {
             continue;
         }
         if (lifetimeSweep(c, slot, l)) continue;
+        // Half-closed at a tick: its finished side is watched for a reset from now on. Not at
+        // the FIN itself: most connections end both ways within milliseconds of it, and the
+        // watch would cost each of them a poll and, at the close, the cancels of both fds
+        // (bench/costs.sh --workload conn: 9 SQEs per connection against 12).
+        if (c.dir[0].finished != c.dir[1].finished && !c.watching_finished) watchFinished(c, slot);
         // A direction that kept its (empty) pipe through a quiet tick gives it back.
         if (now_ms_ - c.last_active_ms >= tick_ms) {
             for (Direction& dir : c.dir)
