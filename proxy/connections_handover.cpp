@@ -112,6 +112,8 @@ void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
                 io_uring_sqe_set_data64(sqe, UserData{}.pack());
             }
         }
+        // Armed again by the sweep should the hand-over fail and the connection relay on here.
+        c.watching_finished = false;
     }
     // A crossing ring's poll is cancelled: from here on no wake-up of it is read here.
     for (uint32_t r = 0; r < rings; ++r) {
