@@ -388,6 +388,20 @@ class DiscoveryTest : public ::testing::Test {
                                               Millis timeout = Millis{10'000}) const {
         return relay_.waitForMetric(kDiscovered, cluster(cluster_name), n, timeout);
     }
+    // Until `address` is in the running generation of `cluster_name` (or, present false, no
+    // longer is). Discovery counts a change (waitDiscovered) before the workers run the
+    // generation that has it; the per-backend series come with that generation, published once
+    // every worker runs it (Server::switchTo), so a connection made after this meets it.
+    ::testing::AssertionResult waitRunning(const std::string& cluster_name,
+                                           const std::string& address, bool present = true,
+                                           Millis timeout = Millis{10'000}) const {
+        if (waitUntil([&] { return hasBackendIn(scrape(), cluster_name, address) == present; },
+                      timeout))
+            return ::testing::AssertionSuccess();
+        return ::testing::AssertionFailure() << address << (present ? " never ran" : " still runs")
+                                             << " in cluster " << cluster_name << "\n"
+                                             << scrape();
+    }
     // Every close reason of listener `l` but "done" is 0, and no upstream connect failed.
     void expectOnlyCleanCloses(const std::string& l = "t") const {
         const std::string text = scrape();

@@ -84,6 +84,7 @@ TEST_P(DiscoveryRefusalTest, RefusedAloneIsNoRecordsAndMixedTheGoodOneServes) {
         ASSERT_TRUE(dns_.setAddresses("web.test", mixed));
     }
     ASSERT_TRUE(waitDiscovered("web", 1)) << scrape();
+    ASSERT_TRUE(waitRunning("web", "127.0.0.2:" + port));
     for (int i = 0; i < 20; ++i) {
         Visit v = shortVisit(relay_.host(), relay_.port(), 0x7100 + i);
         EXPECT_EQ(v.error, "") << "connection " << i;
@@ -273,7 +274,7 @@ TEST_F(DiscoveryTest, AReloadedListenerOnADiscoveredAddressTakesItOutOfTheSet) {
     RelayConfig config = relayConfig(resolversYaml(dns_, writeResolvConf()), {web});
     ASSERT_TRUE(relay_.start(config));
     ASSERT_TRUE(waitDiscovered("web", 2)) << scrape();
-    EXPECT_TRUE(hasBackendIn(scrape(), "web", soon_self));
+    EXPECT_TRUE(waitRunning("web", soon_self));
 
     ListenerSpec second = config.listeners[0];
     second.name = "u";
@@ -282,6 +283,7 @@ TEST_F(DiscoveryTest, AReloadedListenerOnADiscoveredAddressTakesItOutOfTheSet) {
     ASSERT_TRUE(relay_.reload(config.yaml()));
     ASSERT_TRUE(waitDiscovered("web", 1)) << scrape();
     ASSERT_TRUE(relay_.waitForMetric(kRefusedNow, reason("web", "self"), 1.0)) << scrape();
+    EXPECT_TRUE(waitRunning("web", soon_self, false));
     const std::string text = scrape();
     EXPECT_FALSE(hasBackendIn(text, "web", soon_self)) << text;
     EXPECT_TRUE(hasBackendIn(text, "web", good.address())) << text;
