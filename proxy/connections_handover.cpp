@@ -107,9 +107,7 @@ void Connections::handOver(std::shared_ptr<handover::Outbound> out) {
                 if (path != DataPath::Splice && op == Op::PollOut) continue;  // a send goes on
                 if (op == Op::FinishedWatch && !(c.watching_finished && c.dir[d].finished))
                     continue;
-                io_uring_sqe* sqe = ring_.sqe();
-                io_uring_prep_cancel64(sqe, UserData{op, d, slot, c.generation}.pack(), 0);
-                io_uring_sqe_set_data64(sqe, UserData{}.pack());
+                ring_.cancelRequest(UserData{op, d, slot, c.generation}.pack());
             }
         }
         // Armed again by the sweep should the hand-over fail and the connection relay on here.

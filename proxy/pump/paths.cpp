@@ -290,9 +290,7 @@ void Paths::holdSignal(uint32_t ring) {
     WakeRing& r = rings_[ring];
     r.held = true;
     if (!r.polling) return;
-    io_uring_sqe* sqe = ring_.sqe();
-    io_uring_prep_cancel64(sqe, UserData{Op::PathSignal, 0, ring, 0}.pack(), 0);
-    io_uring_sqe_set_data64(sqe, UserData{}.pack());
+    ring_.cancelRequest(UserData{Op::PathSignal, 0, ring, 0}.pack());
 }
 
 void Paths::releaseSignal(uint32_t ring) {
